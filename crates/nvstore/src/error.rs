@@ -1,0 +1,75 @@
+//! Typed errors. Every error names the problem and, where there is one, the
+//! pool file; none of them is raised after a partial change to the pool.
+
+use std::path::PathBuf;
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{path}: not an nvstore pool (bad magic number)")]
+    NotAPool { path: PathBuf },
+
+    #[error("{path}: pool format version {found} is not supported (this build reads version {supported})")]
+    WrongVersion { path: PathBuf, found: u32, supported: u32 },
+
+    #[error("{path}: pool header checksum mismatch (the header is corrupt)")]
+    BadChecksum { path: PathBuf },
+
+    #[error("{path}: pool is truncated: header says {expected} bytes, file has {actual}")]
+    Truncated { path: PathBuf, expected: u64, actual: u64 },
+
+    #[error("{path}: pool is full ({size} bytes, limit {limit}); nothing was changed by the failed write")]
+    PoolFull { path: PathBuf, size: u64, limit: u64 },
+
+    #[error("{path}: no space left on the device while growing the pool; nothing was changed by the failed write")]
+    DiskFull { path: PathBuf },
+
+    #[error("{path}: pool is already open in another process")]
+    Locked { path: PathBuf },
+
+    #[error("{path}: permission denied")]
+    PermissionDenied { path: PathBuf },
+
+    #[error("{path}: no such pool file")]
+    NotFound { path: PathBuf },
+
+    #[error("{path}: a file already exists there")]
+    AlreadyExists { path: PathBuf },
+
+    #[error("{path}: {what}")]
+    Corrupt { path: PathBuf, what: String },
+
+    #[error("key is {len} bytes; the limit is {limit}")]
+    KeyTooLarge { len: usize, limit: usize },
+
+    #[error("value is {len} bytes; the limit is {limit}")]
+    ValueTooLarge { len: usize, limit: usize },
+
+    #[error("invalid option: {0}")]
+    InvalidOption(String),
+
+    #[error("pool is open read-only")]
+    ReadOnly,
+
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl Error {
+    /// Maps an I/O error on `path` to the matching typed error.
+    pub fn io(path: impl Into<PathBuf>, e: std::io::Error) -> Error {
+        let path = path.into();
+        match e.kind() {
+            std::io::ErrorKind::PermissionDenied => Error::PermissionDenied { path },
+            std::io::ErrorKind::NotFound => Error::NotFound { path },
+            std::io::ErrorKind::AlreadyExists => Error::AlreadyExists { path },
+            _ if e.raw_os_error() == Some(libc::ENOSPC) => Error::DiskFull { path },
+            _ => Error::Io { path, source: e },
+        }
+    }
+}

@@ -1,0 +1,88 @@
+//! Per-thread counters of flushed cache lines and fences.
+//!
+//! Each thread owns one cache-line-padded pair of atomics that only it
+//! increments (relaxed, uncontended: no measurable cost); [`Counters::sum`]
+//! adds up every thread's pair on demand. Counters are process-wide: a
+//! benchmark or `stat` takes differences between two sums.
+
+use parking_lot::Mutex;
+use std::cell::OnceCell;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+#[derive(Default)]
+#[repr(align(64))]
+struct Slot {
+    flushes: AtomicU64,
+    fences: AtomicU64,
+}
+
+static REGISTRY: Mutex<Vec<Arc<Slot>>> = Mutex::new(Vec::new());
+
+thread_local! {
+    static MINE: OnceCell<Arc<Slot>> = const { OnceCell::new() };
+}
+
+#[inline]
+fn with_slot<R>(f: impl FnOnce(&Slot) -> R) -> R {
+    MINE.with(|c| {
+        let slot = c.get_or_init(|| {
+            let s = Arc::new(Slot::default());
+            REGISTRY.lock().push(s.clone());
+            s
+        });
+        f(slot)
+    })
+}
+
+/// Counts `lines` flushed cache lines for the calling thread.
+#[inline]
+pub fn add_flushes(lines: u64) {
+    with_slot(|s| s.flushes.fetch_add(lines, Ordering::Relaxed));
+}
+
+/// Counts one fence for the calling thread.
+#[inline]
+pub fn add_fence() {
+    with_slot(|s| s.fences.fetch_add(1, Ordering::Relaxed));
+}
+
+/// A sum of flush and fence counts.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Counters {
+    pub flushes: u64,
+    pub fences: u64,
+}
+
+impl Counters {
+    /// Sum over every thread that ever flushed or fenced.
+    pub fn sum() -> Counters {
+        let reg = REGISTRY.lock();
+        let mut c = Counters::default();
+        for s in reg.iter() {
+            c.flushes += s.flushes.load(Ordering::Relaxed);
+            c.fences += s.fences.load(Ordering::Relaxed);
+        }
+        c
+    }
+
+    pub fn since(self, earlier: Counters) -> Counters {
+        Counters {
+            flushes: self.flushes - earlier.flushes,
+            fences: self.fences - earlier.fences,
+        }
+    }
+}
+
+/// The calling thread's own counts: deterministic even while other threads
+/// run, so tests may assert flushes per operation.
+pub struct ThreadCounters;
+
+impl ThreadCounters {
+    pub fn get() -> Counters {
+        with_slot(|s| Counters {
+            flushes: s.flushes.load(Ordering::Relaxed),
+            fences: s.fences.load(Ordering::Relaxed),
+        })
+    }
+}

@@ -1,0 +1,403 @@
+//! A pool file mapped into a reserved virtual range.
+//!
+//! At open we reserve `max_size` bytes of address space (`PROT_NONE`,
+//! `MAP_NORESERVE`) and map the file over its start with `MAP_FIXED`.
+//! Growing extends the file (`fallocate`, so a full disk fails here and not
+//! on a later store) and maps the new extent right after the old one, so the
+//! base address never moves and live offsets stay valid.
+//!
+//! Mapping follows libpmem: try `MAP_SHARED_VALIDATE | MAP_SYNC` (only DAX
+//! file systems accept it), else plain `MAP_SHARED`; `mapping()` reports
+//! which. An advisory `flock` keeps a second process out.
+
+use std::fs::{File, OpenOptions};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use parking_lot::Mutex;
+
+use super::flush::{flush_range, sfence, spin_ns, FlushKind};
+use super::{counters, Point, Space, LINE};
+use crate::error::{Error, Result};
+
+/// How a pool file is mapped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MappingKind {
+    /// `MAP_SYNC`: stores reach persistence with cache write-back alone.
+    MapSync,
+    /// `MAP_SHARED`: durable against process crashes; power loss only at `sync()`.
+    Shared,
+    /// Shadow memory of the crash simulator.
+    Simulated,
+}
+
+impl MappingKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MappingKind::MapSync => "map_sync",
+            MappingKind::Shared => "shared",
+            MappingKind::Simulated => "simulated",
+        }
+    }
+}
+
+/// How to open a pool file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OpenMode {
+    /// Create a new file of this size; fail if it exists.
+    Create { size: u64 },
+    /// Open an existing file for reading and writing.
+    Open,
+    /// Open an existing file read-only (`stat`, `check`): nothing is written.
+    ReadOnly,
+}
+
+/// Settings for [`FileSpace::open`].
+#[derive(Clone, Debug)]
+pub struct FileOptions {
+    pub mode: OpenMode,
+    /// Flush instruction; `None` means detect from CPUID.
+    pub flush: Option<FlushKind>,
+    /// Emulated extra latency per flushed line, in nanoseconds.
+    pub latency_ns: u64,
+    /// Largest size the pool may grow to (the virtual reservation).
+    pub max_size: u64,
+    /// Never try `MAP_SYNC` (tests of the fallback path).
+    pub force_shared: bool,
+}
+
+impl Default for FileOptions {
+    fn default() -> Self {
+        FileOptions {
+            mode: OpenMode::Open,
+            flush: None,
+            latency_ns: 0,
+            max_size: 1 << 40,
+            force_shared: false,
+        }
+    }
+}
+
+/// A mapped pool file.
+pub struct FileSpace {
+    path: PathBuf,
+    file: File,
+    base: *mut u8,
+    reserved: u64,
+    size: AtomicU64,
+    grow_lock: Mutex<()>,
+    flush: FlushKind,
+    latency_ns: u64,
+    mapping: MappingKind,
+    writable: bool,
+}
+
+// SAFETY: the mapping is shared memory addressed only through the `Space`
+// methods, which use atomics for published words; the raw base pointer is
+// never handed out. Concurrent byte writes only target unpublished ranges
+// owned by one writer (the engine's locking protocol).
+unsafe impl Send for FileSpace {}
+// SAFETY: see above.
+unsafe impl Sync for FileSpace {}
+
+const MAP_SYNC_FLAGS: libc::c_int = libc::MAP_SHARED_VALIDATE | libc::MAP_SYNC;
+
+impl FileSpace {
+    /// Opens or creates `path` as described by `opts`.
+    pub fn open(path: &Path, opts: &FileOptions) -> Result<FileSpace> {
+        let writable = opts.mode != OpenMode::ReadOnly;
+        let mut oo = OpenOptions::new();
+        oo.read(true).write(writable).mode(0o644);
+        if let OpenMode::Create { .. } = opts.mode {
+            oo.create_new(true);
+        }
+        let file = oo.open(path).map_err(|e| Error::io(path, e))?;
+
+        // Advisory lock: one writer, or any number of readers.
+        let lock = if writable { libc::LOCK_EX } else { libc::LOCK_SH };
+        // SAFETY: flock on a file descriptor we own.
+        if unsafe { libc::flock(file.as_raw_fd(), lock | libc::LOCK_NB) } != 0 {
+            let e = std::io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+                return Err(Error::Locked { path: path.into() });
+            }
+            return Err(Error::io(path, e));
+        }
+
+        let size = match opts.mode {
+            OpenMode::Create { size } => {
+                let size = super::align_up(size.max(LINE), 4096);
+                if size > opts.max_size {
+                    let _ = std::fs::remove_file(path);
+                    return Err(Error::InvalidOption(format!(
+                        "pool size {size} exceeds the maximum {}",
+                        opts.max_size
+                    )));
+                }
+                if let Err(e) = fallocate(&file, 0, size) {
+                    let _ = std::fs::remove_file(path);
+                    return Err(Error::io(path, e));
+                }
+                size
+            }
+            _ => file.metadata().map_err(|e| Error::io(path, e))?.len(),
+        };
+        let flush = opts.flush.unwrap_or_else(FlushKind::detect);
+        if !flush.supported() {
+            return Err(Error::InvalidOption(format!(
+                "this CPU does not support the {flush} instruction"
+            )));
+        }
+        let reserved = super::align_up(opts.max_size.max(size), 1 << 21);
+        // SAFETY: an anonymous PROT_NONE reservation; nothing is accessed
+        // through it until file extents are mapped over it with MAP_FIXED.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                reserved as usize,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return Err(Error::io(path, std::io::Error::last_os_error()));
+        }
+        let mapping = if !writable || opts.force_shared || !probe_map_sync(&file) {
+            MappingKind::Shared
+        } else {
+            MappingKind::MapSync
+        };
+        let space = FileSpace {
+            path: path.into(),
+            file,
+            base: base as *mut u8,
+            reserved,
+            size: AtomicU64::new(0),
+            grow_lock: Mutex::new(()),
+            flush,
+            latency_ns: opts.latency_ns,
+            mapping,
+            writable,
+        };
+        if size > 0 {
+            space.map_extent(0, size)?;
+        }
+        space.size.store(size, Ordering::Release);
+        Ok(space)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Maps file bytes `[from, to)` over the reservation at the same offsets.
+    fn map_extent(&self, from: u64, to: u64) -> Result<()> {
+        let prot = if self.writable {
+            libc::PROT_READ | libc::PROT_WRITE
+        } else {
+            libc::PROT_READ
+        };
+        let flags = match self.mapping {
+            MappingKind::MapSync => MAP_SYNC_FLAGS,
+            _ => libc::MAP_SHARED,
+        } | libc::MAP_FIXED;
+        // SAFETY: [from, to) lies inside our reservation (checked by callers
+        // against `reserved`), so MAP_FIXED replaces only our own PROT_NONE
+        // pages; the file descriptor is open and the file is at least `to`
+        // bytes long.
+        let p = unsafe {
+            libc::mmap(
+                self.base.add(from as usize) as *mut libc::c_void,
+                (to - from) as usize,
+                prot,
+                flags,
+                self.file.as_raw_fd(),
+                from as libc::off_t,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(Error::io(&self.path, std::io::Error::last_os_error()));
+        }
+        Ok(())
+    }
+
+    #[inline]
+    fn ptr(&self, off: u64, len: u64) -> *mut u8 {
+        debug_assert!(
+            off + len <= self.size.load(Ordering::Relaxed),
+            "access [{off}, {}) beyond pool size {}",
+            off + len,
+            self.size.load(Ordering::Relaxed)
+        );
+        // SAFETY: off is within the mapped size (debug-checked above; the
+        // engine only computes offsets inside allocated blocks).
+        unsafe { self.base.add(off as usize) }
+    }
+
+    #[inline]
+    fn word(&self, off: u64) -> &AtomicU64 {
+        debug_assert_eq!(off % 8, 0, "unaligned word at {off}");
+        // SAFETY: 8-aligned offset inside the mapping (see `ptr`); the page
+        // stays mapped for the life of `self`, and AtomicU64 has the same
+        // layout as u64.
+        unsafe { &*(self.ptr(off, 8) as *const AtomicU64) }
+    }
+}
+
+impl Space for FileSpace {
+    #[inline]
+    fn size(&self) -> u64 {
+        self.size.load(Ordering::Acquire)
+    }
+
+    #[inline]
+    fn load(&self, off: u64) -> u64 {
+        self.word(off).load(Ordering::Acquire)
+    }
+
+    #[inline]
+    fn store(&self, off: u64, val: u64) {
+        debug_assert!(self.writable);
+        self.word(off).store(val, Ordering::Release)
+    }
+
+    #[inline]
+    fn read(&self, off: u64, buf: &mut [u8]) {
+        let src = self.ptr(off, buf.len() as u64);
+        // SAFETY: src..src+len is mapped (see `ptr`); buf is a distinct
+        // allocation. Published bytes are immutable until reclaimed by epoch.
+        unsafe { std::ptr::copy_nonoverlapping(src, buf.as_mut_ptr(), buf.len()) }
+    }
+
+    #[inline]
+    fn write(&self, off: u64, data: &[u8]) {
+        debug_assert!(self.writable);
+        let dst = self.ptr(off, data.len() as u64);
+        // SAFETY: dst..dst+len is mapped writable; the range is unpublished
+        // and owned by the calling writer.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), dst, data.len()) }
+    }
+
+    #[inline]
+    fn zero(&self, off: u64, len: u64) {
+        debug_assert!(self.writable);
+        let dst = self.ptr(off, len);
+        // SAFETY: as for `write`.
+        unsafe { std::ptr::write_bytes(dst, 0, len as usize) }
+    }
+
+    #[inline]
+    fn flush(&self, off: u64, len: u64, _point: Point) {
+        // SAFETY: the range is mapped (see `ptr`).
+        let lines = unsafe { flush_range(self.flush, self.ptr(off, len), len as usize) };
+        counters::add_flushes(lines);
+        if self.latency_ns > 0 {
+            spin_ns(self.latency_ns * lines);
+        }
+    }
+
+    #[inline]
+    fn fence(&self, _point: Point) {
+        sfence();
+        counters::add_fence();
+    }
+
+    fn grow(&self, new_size: u64) -> Result<()> {
+        if !self.writable {
+            return Err(Error::ReadOnly);
+        }
+        let _g = self.grow_lock.lock();
+        let old = self.size.load(Ordering::Acquire);
+        if new_size <= old {
+            return Ok(());
+        }
+        let new_size = super::align_up(new_size, 1 << 21);
+        if new_size > self.reserved {
+            return Err(Error::PoolFull {
+                path: self.path.clone(),
+                size: old,
+                limit: self.reserved,
+            });
+        }
+        fallocate(&self.file, old, new_size - old).map_err(|e| Error::io(&self.path, e))?;
+        self.map_extent(old, new_size)?;
+        self.size.store(new_size, Ordering::Release);
+        Ok(())
+    }
+
+    fn flush_kind(&self) -> FlushKind {
+        self.flush
+    }
+
+    fn mapping(&self) -> MappingKind {
+        self.mapping
+    }
+
+    fn writable(&self) -> bool {
+        self.writable
+    }
+
+    fn sync(&self) -> Result<()> {
+        let size = self.size();
+        // SAFETY: [base, base+size) is our mapping.
+        let r = unsafe { libc::msync(self.base as *mut libc::c_void, size as usize, libc::MS_SYNC) };
+        if r != 0 {
+            return Err(Error::io(&self.path, std::io::Error::last_os_error()));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for FileSpace {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly the reservation made in `open`; no
+        // references into it outlive `self` (none are ever handed out).
+        unsafe {
+            libc::munmap(self.base as *mut libc::c_void, self.reserved as usize);
+        }
+    }
+}
+
+/// Reserves real blocks for `[off, off+len)` so a full disk fails now.
+fn fallocate(file: &File, off: u64, len: u64) -> std::io::Result<()> {
+    // SAFETY: plain system call on an open descriptor.
+    let r = unsafe { libc::posix_fallocate(file.as_raw_fd(), off as libc::off_t, len as libc::off_t) };
+    match r {
+        0 => Ok(()),
+        // Some file systems lack fallocate; fall back to extending the size.
+        libc::EOPNOTSUPP | libc::EINVAL => {
+            let cur = file.metadata()?.len();
+            if cur < off + len {
+                file.set_len(off + len)?;
+            }
+            Ok(())
+        }
+        e => Err(std::io::Error::from_raw_os_error(e)),
+    }
+}
+
+/// Whether the file accepts a `MAP_SYNC` mapping (DAX).
+fn probe_map_sync(file: &File) -> bool {
+    // SAFETY: a temporary one-page mapping of our own descriptor, unmapped
+    // right away; the file is at least one page long or mmap fails cleanly.
+    unsafe {
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            4096,
+            libc::PROT_READ | libc::PROT_WRITE,
+            MAP_SYNC_FLAGS,
+            file.as_raw_fd(),
+            0,
+        );
+        if p == libc::MAP_FAILED {
+            return false;
+        }
+        libc::munmap(p, 4096);
+        true
+    }
+}

@@ -1,0 +1,125 @@
+//! The persistent address space (DESIGN §3).
+//!
+//! Every access to persistent bytes goes through [`Space`]: 8-byte aligned
+//! atomic words, byte ranges, `flush` and `fence`, all addressed by offset
+//! from the pool start. Three implementations share it:
+//!
+//! - [`FileSpace`]: a pool file mapped into a reserved virtual range
+//!   (`MAP_SYNC` where the file system offers DAX, else `MAP_SHARED`);
+//! - [`SimSpace`]: the crash simulator's shadow memory (DESIGN §13);
+//! - later, the remote back-end of AsymNVM.
+//!
+//! The engine is generic over `Space`, so the file implementation compiles to
+//! plain loads, stores and `clwb`.
+//!
+//! Every flush and fence names a [`Point`]. The crash simulator can be told to
+//! drop one named point, which is how the crash tests prove they would catch a
+//! missing flush or fence (DESIGN §13, "checking the checker").
+
+pub mod counters;
+pub mod file;
+pub mod flush;
+pub mod points;
+pub mod sim;
+
+pub use counters::{Counters, ThreadCounters};
+pub use file::{FileSpace, MappingKind, OpenMode};
+pub use flush::FlushKind;
+pub use points::Point;
+pub use sim::SimSpace;
+
+use crate::error::Result;
+
+/// Size of a cache line: the unit of flushing and of crash atomicity
+/// tracking. Persistent structures align to it.
+pub const LINE: u64 = 64;
+
+/// A persistent address space. Offsets are from the pool start.
+///
+/// Rules for callers (DESIGN §6):
+/// - a change becomes visible only through one 8-byte aligned atomic store;
+/// - everything such a store publishes is written, flushed and fenced first;
+/// - the publishing store is flushed and fenced before the operation is
+///   acknowledged.
+pub trait Space: Send + Sync + 'static {
+    /// Current size of the space in bytes (grows with [`Space::grow`]).
+    fn size(&self) -> u64;
+
+    /// Atomic 8-byte load with acquire ordering. `off` must be 8-aligned.
+    fn load(&self, off: u64) -> u64;
+
+    /// Atomic 8-byte store with release ordering. `off` must be 8-aligned.
+    /// The only way to publish a change.
+    fn store(&self, off: u64, val: u64);
+
+    /// Copies `buf.len()` bytes starting at `off` into `buf`.
+    fn read(&self, off: u64, buf: &mut [u8]);
+
+    /// Writes `data` at `off`. Not atomic beyond single aligned words; use
+    /// only for bytes that are not yet published.
+    fn write(&self, off: u64, data: &[u8]);
+
+    /// Sets `len` bytes at `off` to zero.
+    fn zero(&self, off: u64, len: u64);
+
+    /// Writes back every cache line overlapping `[off, off+len)`.
+    fn flush(&self, off: u64, len: u64, point: Point);
+
+    /// Orders all earlier flushes of this thread before later stores.
+    fn fence(&self, point: Point);
+
+    /// Grows the space to at least `new_size` bytes; existing offsets and
+    /// their contents stay valid. New bytes read as zero.
+    fn grow(&self, new_size: u64) -> Result<()>;
+
+    /// Called by the engine when one operation's persistent effects are
+    /// complete (acknowledged). The crash simulator uses it as an operation
+    /// boundary; elsewhere it does nothing.
+    #[inline]
+    fn op_boundary(&self) {}
+
+    /// Whether the space accepts writes.
+    fn writable(&self) -> bool {
+        true
+    }
+
+    /// Flush instruction in use.
+    fn flush_kind(&self) -> FlushKind;
+
+    /// How the space is mapped (for `stat`).
+    fn mapping(&self) -> MappingKind;
+
+    /// Flushes the underlying file to stable storage (`msync`), for media
+    /// where cache write-back alone does not reach durability.
+    fn sync(&self) -> Result<()> {
+        Ok(())
+    }
+
+    /// Reads a little-endian u64 that is not used for publication (e.g. an
+    /// element word covered by an already-loaded count).
+    #[inline]
+    fn read_u64(&self, off: u64) -> u64 {
+        self.load(off)
+    }
+
+    /// Flush then fence: the common "persist" step.
+    #[inline]
+    fn persist(&self, off: u64, len: u64, flush: Point, fence: Point) {
+        self.flush(off, len, flush);
+        self.fence(fence);
+    }
+
+    /// Atomic store of a publishing word followed by its flush and fence.
+    #[inline]
+    fn publish(&self, off: u64, val: u64, flush: Point, fence: Point) {
+        self.store(off, val);
+        self.flush(off, 8, flush);
+        self.fence(fence);
+    }
+}
+
+/// Rounds `v` up to a multiple of `align` (a power of two).
+#[inline]
+pub const fn align_up(v: u64, align: u64) -> u64 {
+    (v + align - 1) & !(align - 1)
+}

@@ -1,0 +1,54 @@
+//! Named persistence points: every flush and fence in the engine.
+//!
+//! The crash simulator can drop one point by name (`nvstore crashtest --drop
+//! NAME`); a campaign with a point dropped must find violations, or the point
+//! is unnecessary or the workload has a hole (DESIGN §13).
+
+/// A named flush or fence site.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Point {
+    pub name: &'static str,
+}
+
+impl Point {
+    pub const fn new(name: &'static str) -> Point {
+        Point { name }
+    }
+}
+
+macro_rules! points {
+    ($($(#[$doc:meta])* $id:ident = $name:literal;)*) => {
+        $($(#[$doc])* pub const $id: Point = Point::new($name);)*
+        /// Every point the engine uses, for `crashtest --list-points`.
+        pub const ALL: &[Point] = &[$($id),*];
+    };
+}
+
+points! {
+    /// Pool header written at creation, before the file is considered a pool.
+    HEADER_INIT_FLUSH = "header.init.flush";
+    HEADER_INIT_FENCE = "header.init.fence";
+    /// Header root words (leaf-chain head, pool size, clean flag).
+    HEADER_ROOT_FLUSH = "header.root.flush";
+    HEADER_ROOT_FENCE = "header.root.fence";
+    /// Chunk header persisted before any block of the chunk is handed out.
+    CHUNK_HEADER_FLUSH = "chunk.header.flush";
+    CHUNK_HEADER_FENCE = "chunk.header.fence";
+    /// Out-of-line key/value bytes, flushed before the element that refers to them.
+    BLOB_FLUSH = "blob.flush";
+    /// NV leaf: the appended element(s), flushed and fenced before the count.
+    NV_ELEMENT_FLUSH = "nv.element.flush";
+    NV_ELEMENT_FENCE = "nv.element.fence";
+    /// NV leaf: the element count that publishes an append.
+    NV_COUNT_FLUSH = "nv.count.flush";
+    NV_COUNT_FENCE = "nv.count.fence";
+    /// Split/replace/merge: the new leaves, flushed and fenced before they are linked.
+    NV_NEWLEAF_FLUSH = "nv.newleaf.flush";
+    NV_NEWLEAF_FENCE = "nv.newleaf.fence";
+    /// Split/replace/merge: the sibling pointer that swaps the new leaves in.
+    NV_LINK_FLUSH = "nv.link.flush";
+    NV_LINK_FENCE = "nv.link.fence";
+    /// Clean shutdown: the saved index and free lists, before the clean flag.
+    SHUTDOWN_STATE_FLUSH = "shutdown.state.flush";
+    SHUTDOWN_STATE_FENCE = "shutdown.state.fence";
+}

@@ -84,14 +84,13 @@ fn cpu_features() -> (bool, bool) {
     use std::sync::OnceLock;
     static F: OnceLock<(bool, bool)> = OnceLock::new();
     *F.get_or_init(|| {
-        // SAFETY: CPUID is available on every x86_64 CPU; leaf 7 is valid
-        // when the maximum basic leaf (leaf 0, EAX) is at least 7.
-        let max = unsafe { core::arch::x86_64::__cpuid(0) }.eax;
+        // CPUID is available on every x86_64 CPU; leaf 7 is valid when the
+        // maximum basic leaf (leaf 0, EAX) is at least 7.
+        let max = core::arch::x86_64::__cpuid(0).eax;
         if max < 7 {
             return (false, false);
         }
-        // SAFETY: as above, leaf 7 exists.
-        let r = unsafe { core::arch::x86_64::__cpuid_count(7, 0) };
+        let r = core::arch::x86_64::__cpuid_count(7, 0);
         (r.ebx & (1 << 24) != 0, r.ebx & (1 << 23) != 0)
     })
 }
@@ -185,7 +184,12 @@ mod tests {
 
     #[test]
     fn names_round_trip() {
-        for k in [FlushKind::Clwb, FlushKind::Clflushopt, FlushKind::Clflush, FlushKind::None] {
+        for k in [
+            FlushKind::Clwb,
+            FlushKind::Clflushopt,
+            FlushKind::Clflush,
+            FlushKind::None,
+        ] {
             assert_eq!(k.as_str().parse::<FlushKind>().unwrap(), k);
         }
         assert!("clflushx".parse::<FlushKind>().is_err());

@@ -1,0 +1,347 @@
+//! The engine API (DESIGN §3): open a pool, `get/put/delete/range/prefix`.
+
+use std::ops::{Bound as RB, RangeBounds};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::alloc::Allocator;
+use crate::check::{self, CheckReport};
+use crate::error::{Error, Result};
+use crate::format::header::{self, Header, LeafFormat, VERSION};
+use crate::pmem::{FileSpace, FlushKind, OpenMode, Space};
+use crate::recovery::{self, Recovery, RecoveryKind};
+use crate::tree::leaf::Nv;
+use crate::tree::{RangeIter, Tree};
+
+/// Size of an allocation chunk; also the header's reserved area.
+pub const CHUNK_SIZE: u64 = 64 * 1024;
+
+/// How to open or create a pool.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Create the pool if the file does not exist.
+    pub create: bool,
+    /// Initial file size when creating (grows on demand).
+    pub size: u64,
+    /// Largest size the pool may grow to.
+    pub max_size: u64,
+    /// Leaf node size in bytes when creating (a multiple of 64).
+    pub node_size: u32,
+    /// Leaf format when creating; an existing pool keeps its own.
+    pub leaf: LeafFormat,
+    /// Flush instruction; `None` detects the best one.
+    pub flush: Option<FlushKind>,
+    /// Emulated write latency per flushed line, in nanoseconds.
+    pub latency_ns: u64,
+    /// Open without writing anything (no recovery writes, no clean flag).
+    pub read_only: bool,
+    /// Never try `MAP_SYNC`.
+    pub force_shared: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            create: true,
+            size: 64 << 20,
+            max_size: 1 << 40,
+            node_size: 1024,
+            leaf: LeafFormat::Nv,
+            flush: None,
+            latency_ns: 0,
+            read_only: false,
+            force_shared: false,
+        }
+    }
+}
+
+impl Options {
+    fn validate(&self) -> Result<()> {
+        let ns = self.node_size as u64;
+        if !ns.is_multiple_of(64) || !(crate::format::leaf_nv::MIN_SIZE..=crate::alloc::MAX_CLASS).contains(&ns) {
+            return Err(Error::InvalidOption(format!(
+                "node size {ns} must be a multiple of 64 between {} and {}",
+                crate::format::leaf_nv::MIN_SIZE,
+                crate::alloc::MAX_CLASS
+            )));
+        }
+        if self.size < 2 * CHUNK_SIZE {
+            return Err(Error::InvalidOption(format!(
+                "pool size must be at least {} bytes",
+                2 * CHUNK_SIZE
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// An open pool.
+pub struct Db<S: Space = FileSpace> {
+    tree: Arc<Tree<S, Nv>>,
+    header: Header,
+    recovery: Recovery,
+    closed: bool,
+}
+
+impl Db<FileSpace> {
+    /// Opens the pool at `path`, creating it if missing and `opts.create`.
+    pub fn open(path: impl AsRef<Path>, opts: Options) -> Result<Db<FileSpace>> {
+        let path = path.as_ref();
+        opts.validate()?;
+        let exists = path.exists();
+        let mode = if opts.read_only {
+            OpenMode::ReadOnly
+        } else if !exists && opts.create {
+            OpenMode::Create {
+                size: opts.size.max(4 * CHUNK_SIZE),
+            }
+        } else {
+            OpenMode::Open
+        };
+        let fo = crate::pmem::file::FileOptions {
+            mode,
+            flush: opts.flush,
+            latency_ns: opts.latency_ns,
+            max_size: opts.max_size,
+            force_shared: opts.force_shared,
+        };
+        let space = FileSpace::open(path, &fo)?;
+        if let OpenMode::Create { .. } = mode {
+            let r = Db::create_in(space, path, &opts);
+            if r.is_err() {
+                let _ = std::fs::remove_file(path);
+            }
+            return r;
+        }
+        Db::open_space(space, path)
+    }
+
+    /// Creates a new pool at `path`; fails if the file exists.
+    pub fn create(path: impl AsRef<Path>, opts: Options) -> Result<Db<FileSpace>> {
+        let path = path.as_ref();
+        if path.exists() {
+            return Err(Error::AlreadyExists { path: path.into() });
+        }
+        Db::open(path, Options { create: true, ..opts })
+    }
+}
+
+impl<S: Space> Db<S> {
+    /// Writes a fresh pool into a zeroed space and opens it.
+    pub fn create_in(space: S, path: &Path, opts: &Options) -> Result<Db<S>> {
+        opts.validate()?;
+        let size = space.size() / CHUNK_SIZE * CHUNK_SIZE;
+        let h = Header {
+            version: VERSION,
+            flags: 0,
+            uuid: rand::random(),
+            leaf_format: opts.leaf,
+            node_size: opts.node_size,
+            chunk_size: CHUNK_SIZE,
+            data_start: CHUNK_SIZE,
+        };
+        h.create(&space, size);
+        let space = Arc::new(space);
+        let alloc = Arc::new(Allocator::fresh(CHUNK_SIZE, CHUNK_SIZE, size, path.into()));
+        let t = std::time::Instant::now();
+        let leaf = Tree::<S, Nv>::create_first_leaf(&*space, &alloc, opts.node_size as u64)?;
+        let entries = vec![crate::tree::index::Entry {
+            max: crate::tree::index::Bound::PosInf,
+            leaf: Arc::new(crate::tree::LeafRef::with(leaf, opts.node_size as u64, 0)),
+        }];
+        let tree = Tree::assemble(space, alloc, entries, opts.node_size as u64, 0, path.into());
+        let recovery = Recovery {
+            kind: RecoveryKind::Created,
+            millis: t.elapsed().as_secs_f64() * 1e3,
+        };
+        Ok(Db {
+            tree: Arc::new(tree),
+            header: h,
+            recovery,
+            closed: false,
+        })
+    }
+
+    /// Opens an existing pool in `space` (`path` names it in messages).
+    pub fn open_space(space: S, path: &Path) -> Result<Db<S>> {
+        let h = Header::read(&space, path)?;
+        let space = Arc::new(space);
+        let (tree, recovery) = match h.leaf_format {
+            LeafFormat::Nv => recovery::open_tree::<S, Nv>(space, &h, path)?,
+        };
+        Ok(Db {
+            tree: Arc::new(tree),
+            header: h,
+            recovery,
+            closed: false,
+        })
+    }
+
+    fn writable(&self) -> Result<()> {
+        if self.tree.space.writable() {
+            Ok(())
+        } else {
+            Err(Error::ReadOnly)
+        }
+    }
+
+    /// The value stored for `key`.
+    pub fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        if key.len() > crate::tree::MAX_KEY {
+            return Err(Error::KeyTooLarge {
+                len: key.len(),
+                limit: crate::tree::MAX_KEY,
+            });
+        }
+        Ok(self.tree.get(key))
+    }
+
+    /// Stores `value` under `key`; durable when it returns.
+    pub fn put(&self, key: &[u8], value: &[u8]) -> Result<()> {
+        self.writable()?;
+        self.tree.put(key, value)
+    }
+
+    /// Removes `key`; returns whether it was there. Durable when it returns.
+    pub fn delete(&self, key: &[u8]) -> Result<bool> {
+        self.writable()?;
+        self.tree.delete(key)
+    }
+
+    /// Pairs with keys in `range`, in key order.
+    pub fn range<K: AsRef<[u8]>, R: RangeBounds<K>>(&self, range: R) -> RangeIter<S, Nv> {
+        let (lo, hi) = owned_bounds(&range);
+        self.tree.range(lo, hi, false)
+    }
+
+    /// Pairs with keys in `range`, in reverse key order.
+    pub fn range_rev<K: AsRef<[u8]>, R: RangeBounds<K>>(&self, range: R) -> RangeIter<S, Nv> {
+        let (lo, hi) = owned_bounds(&range);
+        self.tree.range(lo, hi, true)
+    }
+
+    /// Every pair, in key order.
+    pub fn iter(&self) -> RangeIter<S, Nv> {
+        self.tree.range(RB::Unbounded, RB::Unbounded, false)
+    }
+
+    /// Pairs whose key starts with `prefix`, in key order.
+    pub fn prefix(&self, prefix: &[u8]) -> RangeIter<S, Nv> {
+        let (lo, hi) = prefix_bounds(prefix);
+        self.tree.range(lo, hi, false)
+    }
+
+    /// Pairs whose key starts with `prefix`, in reverse key order.
+    pub fn prefix_rev(&self, prefix: &[u8]) -> RangeIter<S, Nv> {
+        let (lo, hi) = prefix_bounds(prefix);
+        self.tree.range(lo, hi, true)
+    }
+
+    /// Number of keys.
+    pub fn len(&self) -> u64 {
+        self.tree.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.tree.is_empty()
+    }
+
+    /// Verifies every invariant without writing (`nvstore check`).
+    pub fn check(&self) -> CheckReport {
+        check::check(&self.tree, &self.header)
+    }
+
+    /// How the pool was recovered when opened.
+    pub fn recovery(&self) -> Recovery {
+        self.recovery
+    }
+
+    pub fn header(&self) -> &Header {
+        &self.header
+    }
+
+    pub fn tree(&self) -> &Arc<Tree<S, Nv>> {
+        &self.tree
+    }
+
+    pub fn space(&self) -> &S {
+        &self.tree.space
+    }
+
+    /// Bytes of the pool in allocated blocks (plus the header area).
+    pub fn used_bytes(&self) -> u64 {
+        self.tree.alloc.used_bytes() + self.header.data_start
+    }
+
+    pub fn pool_size(&self) -> u64 {
+        header::pool_size(&*self.tree.space)
+    }
+
+    /// Flushes the file to stable storage (`msync`): the power-loss point on
+    /// media without `MAP_SYNC`.
+    pub fn sync(&self) -> Result<()> {
+        self.tree.space.sync()
+    }
+
+    /// Closes cleanly: saves the index and free lists and sets the clean
+    /// flag, so the next open is instant.
+    pub fn close(mut self) -> Result<()> {
+        self.close_inner()
+    }
+
+    /// Closes cleanly and hands back the space (tests and tools that reopen
+    /// the same bytes).
+    pub fn close_into_space(mut self) -> Result<Arc<S>> {
+        self.close_inner()?;
+        Ok(self.tree.space.clone())
+    }
+
+    fn close_inner(&mut self) -> Result<()> {
+        if self.closed {
+            return Ok(());
+        }
+        self.closed = true;
+        if !self.tree.space.writable() {
+            return Ok(());
+        }
+        // Let deferred frees run where they can; unreclaimed ones are saved as free.
+        recovery::save_clean(&self.tree)
+    }
+}
+
+impl<S: Space> Drop for Db<S> {
+    fn drop(&mut self) {
+        let _ = self.close_inner();
+    }
+}
+
+fn owned(b: RB<&impl AsRef<[u8]>>) -> RB<Vec<u8>> {
+    match b {
+        RB::Included(k) => RB::Included(k.as_ref().to_vec()),
+        RB::Excluded(k) => RB::Excluded(k.as_ref().to_vec()),
+        RB::Unbounded => RB::Unbounded,
+    }
+}
+
+fn owned_bounds<K: AsRef<[u8]>, R: RangeBounds<K>>(r: &R) -> (RB<Vec<u8>>, RB<Vec<u8>>) {
+    (owned(r.start_bound()), owned(r.end_bound()))
+}
+
+/// `[prefix, successor(prefix))`; unbounded above when the prefix is all 0xff.
+pub fn prefix_bounds(prefix: &[u8]) -> (RB<Vec<u8>>, RB<Vec<u8>>) {
+    let mut end = prefix.to_vec();
+    while let Some(&b) = end.last() {
+        if b == 0xff {
+            end.pop();
+        } else {
+            *end.last_mut().unwrap() += 1;
+            return (RB::Included(prefix.to_vec()), RB::Excluded(end));
+        }
+    }
+    (RB::Included(prefix.to_vec()), RB::Unbounded)
+}
+
+/// Path of a pool for messages.
+pub fn display_path(p: &Path) -> PathBuf {
+    p.to_path_buf()
+}

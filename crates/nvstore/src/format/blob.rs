@@ -1,0 +1,29 @@
+//! Blob: out-of-line key and value bytes of one element (DESIGN §7).
+//!
+//! ```text
+//! { u32 key_len | u32 value_len | u8 key[key_len] | u8 value[value_len] }
+//! ```
+//!
+//! Only the parts that do not fit inline are stored: `key_len` is 0 when the
+//! element's key is inline, `value_len` 0 when its value is inline. A blob is
+//! written, flushed and fenced (with the element) before the count that
+//! publishes the element, and never changes afterwards.
+
+pub const KEY_LEN_OFF: u64 = 0;
+pub const VALUE_LEN_OFF: u64 = 4;
+pub const DATA_OFF: u64 = 8;
+
+/// Bytes a blob needs.
+pub fn size(key_len: usize, value_len: usize) -> u64 {
+    DATA_OFF + key_len as u64 + value_len as u64
+}
+
+/// Encodes the blob header word.
+pub fn header_word(key_len: usize, value_len: usize) -> u64 {
+    key_len as u64 | ((value_len as u64) << 32)
+}
+
+/// Decodes the header word into (key_len, value_len).
+pub fn lens(word: u64) -> (u64, u64) {
+    (word & 0xffff_ffff, word >> 32)
+}

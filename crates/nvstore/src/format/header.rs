@@ -1,0 +1,236 @@
+//! Pool header at offset 0 (DESIGN §4).
+//!
+//! ```text
+//! line 0: written once at creation, covered by the checksum
+//!   { u64 magic | u32 version | u32 flags | u8 uuid[16] | u32 leaf_format | u32 node_size
+//!     | u64 chunk_size | u64 data_start | u64 checksum }
+//! line 1: root words, each changed by one 8-byte atomic store, then flushed and fenced
+//!   { u64 pool_size | u64 leaf_head | u64 clean_state | u64 last_ts | u64 reserved[4] }
+//! ```
+//!
+//! - `magic` is stored last at creation: a file whose creation crashed is "not a pool".
+//! - `pool_size` is raised after the file has grown; a file shorter than it is truncated.
+//! - `clean_state` is 0 while the pool is open (or after a crash); a clean
+//!   shutdown stores the offset of the saved state (inner index and free lists)
+//!   in it with one atomic store: flag and pointer together, as NV-Tree §4.6 does.
+//! - The first `data_start` bytes belong to the header; chunks follow.
+
+use crate::error::{Error, Result};
+use crate::pmem::{points, Space, LINE};
+use std::path::Path;
+
+pub const MAGIC: u64 = u64::from_le_bytes(*b"NVSTPOOL");
+pub const VERSION: u32 = 1;
+
+pub const MAGIC_OFF: u64 = 0;
+pub const VERSION_OFF: u64 = 8;
+pub const FLAGS_OFF: u64 = VERSION_OFF + 4;
+pub const UUID_OFF: u64 = FLAGS_OFF + 4;
+pub const LEAF_FORMAT_OFF: u64 = UUID_OFF + 16;
+pub const NODE_SIZE_OFF: u64 = LEAF_FORMAT_OFF + 4;
+pub const CHUNK_SIZE_OFF: u64 = NODE_SIZE_OFF + 4;
+pub const DATA_START_OFF: u64 = CHUNK_SIZE_OFF + 8;
+pub const CHECKSUM_OFF: u64 = DATA_START_OFF + 8;
+const _: () = assert!(CHECKSUM_OFF + 8 == LINE);
+
+pub const POOL_SIZE_OFF: u64 = LINE;
+pub const LEAF_HEAD_OFF: u64 = POOL_SIZE_OFF + 8;
+pub const CLEAN_STATE_OFF: u64 = LEAF_HEAD_OFF + 8;
+pub const LAST_TS_OFF: u64 = CLEAN_STATE_OFF + 8;
+
+/// Smallest file that can hold a header.
+pub const MIN_FILE: u64 = 2 * LINE;
+
+/// Leaf formats a pool can be created with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LeafFormat {
+    Nv = 1,
+}
+
+impl LeafFormat {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LeafFormat::Nv => "nv",
+        }
+    }
+    pub fn from_u32(v: u32) -> Option<LeafFormat> {
+        match v {
+            1 => Some(LeafFormat::Nv),
+            _ => None,
+        }
+    }
+}
+
+impl std::str::FromStr for LeafFormat {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "nv" => Ok(LeafFormat::Nv),
+            _ => Err(format!("unknown leaf format '{s}' (expected nv)")),
+        }
+    }
+}
+
+/// The immutable part of the header, decoded.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Header {
+    pub version: u32,
+    pub flags: u32,
+    pub uuid: [u8; 16],
+    pub leaf_format: LeafFormat,
+    pub node_size: u32,
+    pub chunk_size: u64,
+    pub data_start: u64,
+}
+
+impl Header {
+    fn line0(&self) -> [u8; LINE as usize] {
+        let mut b = [0u8; LINE as usize];
+        let put = |b: &mut [u8], off: u64, v: &[u8]| b[off as usize..off as usize + v.len()].copy_from_slice(v);
+        put(&mut b, MAGIC_OFF, &MAGIC.to_le_bytes());
+        put(&mut b, VERSION_OFF, &self.version.to_le_bytes());
+        put(&mut b, FLAGS_OFF, &self.flags.to_le_bytes());
+        put(&mut b, UUID_OFF, &self.uuid);
+        put(&mut b, LEAF_FORMAT_OFF, &(self.leaf_format as u32).to_le_bytes());
+        put(&mut b, NODE_SIZE_OFF, &self.node_size.to_le_bytes());
+        put(&mut b, CHUNK_SIZE_OFF, &self.chunk_size.to_le_bytes());
+        put(&mut b, DATA_START_OFF, &self.data_start.to_le_bytes());
+        let sum = checksum(&b[..CHECKSUM_OFF as usize]);
+        put(&mut b, CHECKSUM_OFF, &sum.to_le_bytes());
+        b
+    }
+
+    /// Writes a new header into a zeroed space: every field, then the magic
+    /// word last, so a crash mid-creation leaves "not a pool".
+    pub fn create<S: Space>(&self, space: &S, pool_size: u64) {
+        let line = self.line0();
+        space.write(8, &line[8..]);
+        space.store(POOL_SIZE_OFF, pool_size);
+        space.store(LEAF_HEAD_OFF, 0);
+        space.store(CLEAN_STATE_OFF, 0);
+        space.flush(0, 2 * LINE, points::HEADER_INIT_FLUSH);
+        space.fence(points::HEADER_INIT_FENCE);
+        space.publish(MAGIC_OFF, MAGIC, points::HEADER_INIT_FLUSH, points::HEADER_INIT_FENCE);
+    }
+
+    /// Reads and validates the header. `file_len` is the real length of the
+    /// backing file (truncation check); `path` names it in errors.
+    pub fn read<S: Space>(space: &S, path: &Path) -> Result<Header> {
+        let size = space.size();
+        if size < MIN_FILE {
+            return Err(Error::NotAPool { path: path.into() });
+        }
+        let mut b = [0u8; LINE as usize];
+        space.read(0, &mut b);
+        let u64_at = |off: u64| u64::from_le_bytes(b[off as usize..off as usize + 8].try_into().unwrap());
+        let u32_at = |off: u64| u32::from_le_bytes(b[off as usize..off as usize + 4].try_into().unwrap());
+        if u64_at(MAGIC_OFF) != MAGIC {
+            return Err(Error::NotAPool { path: path.into() });
+        }
+        // Version before checksum: another version may lay the line out differently.
+        let version = u32_at(VERSION_OFF);
+        if version != VERSION {
+            return Err(Error::WrongVersion {
+                path: path.into(),
+                found: version,
+                supported: VERSION,
+            });
+        }
+        if checksum(&b[..CHECKSUM_OFF as usize]) != u64_at(CHECKSUM_OFF) {
+            return Err(Error::BadChecksum { path: path.into() });
+        }
+        let corrupt = |what: String| Error::Corrupt {
+            path: path.into(),
+            what,
+        };
+        let leaf_format = LeafFormat::from_u32(u32_at(LEAF_FORMAT_OFF))
+            .ok_or_else(|| corrupt(format!("unknown leaf format {}", u32_at(LEAF_FORMAT_OFF))))?;
+        let h = Header {
+            version,
+            flags: u32_at(FLAGS_OFF),
+            uuid: b[UUID_OFF as usize..UUID_OFF as usize + 16].try_into().unwrap(),
+            leaf_format,
+            node_size: u32_at(NODE_SIZE_OFF),
+            chunk_size: u64_at(CHUNK_SIZE_OFF),
+            data_start: u64_at(DATA_START_OFF),
+        };
+        if !h.chunk_size.is_power_of_two() || h.chunk_size < 4096 || !h.data_start.is_multiple_of(h.chunk_size) {
+            return Err(corrupt("invalid chunk geometry in header".into()));
+        }
+        let pool_size = space.load(POOL_SIZE_OFF);
+        if pool_size > size {
+            return Err(Error::Truncated {
+                path: path.into(),
+                expected: pool_size,
+                actual: size,
+            });
+        }
+        if pool_size < h.data_start || !(pool_size - h.data_start).is_multiple_of(h.chunk_size) {
+            return Err(corrupt(format!(
+                "pool size {pool_size} does not fit the chunk geometry"
+            )));
+        }
+        Ok(h)
+    }
+}
+
+/// Header checksum: CRC-32 (crc32fast) widened to a word.
+pub fn checksum(bytes: &[u8]) -> u64 {
+    crc32fast::hash(bytes) as u64
+}
+
+/// Pool size recorded in the header.
+pub fn pool_size<S: Space>(space: &S) -> u64 {
+    space.load(POOL_SIZE_OFF)
+}
+
+/// Stores a root word and persists it.
+pub fn set_root<S: Space>(space: &S, off: u64, val: u64) {
+    space.publish(off, val, points::HEADER_ROOT_FLUSH, points::HEADER_ROOT_FENCE);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pmem::SimSpace;
+
+    fn sample() -> Header {
+        Header {
+            version: VERSION,
+            flags: 0,
+            uuid: [7; 16],
+            leaf_format: LeafFormat::Nv,
+            node_size: 1024,
+            chunk_size: 65536,
+            data_start: 65536,
+        }
+    }
+
+    #[test]
+    fn round_trip() {
+        let s = SimSpace::new(4 * 65536);
+        sample().create(&s, 4 * 65536);
+        assert_eq!(Header::read(&s, Path::new("t")).unwrap(), sample());
+        assert_eq!(pool_size(&s), 4 * 65536);
+    }
+
+    #[test]
+    fn flipped_byte_fails_checksum() {
+        let s = SimSpace::new(4 * 65536);
+        sample().create(&s, 4 * 65536);
+        let mut b = [0u8; 1];
+        s.read(NODE_SIZE_OFF, &mut b);
+        s.write(NODE_SIZE_OFF, &[b[0] ^ 1]);
+        assert!(matches!(
+            Header::read(&s, Path::new("t")),
+            Err(Error::BadChecksum { .. })
+        ));
+    }
+
+    #[test]
+    fn zero_file_is_not_a_pool() {
+        let s = SimSpace::new(4 * 65536);
+        assert!(matches!(Header::read(&s, Path::new("t")), Err(Error::NotAPool { .. })));
+    }
+}

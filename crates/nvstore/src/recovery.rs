@@ -1,0 +1,397 @@
+//! Opening a pool: instant recovery after a clean shutdown, rebuild from the
+//! leaves after a crash (seed 000 §4.6, DESIGN §12).
+//!
+//! - Clean: the header's `clean_state` word points at the saved index and
+//!   free lists; load them, clear the word (persisted) before any other
+//!   write, free the saved block.
+//! - Otherwise (rebuild-from-LN): walk the leaf chain, scan every leaf on
+//!   both cores for its largest key, its valid keys and the blobs it
+//!   references, build the inner index from the leaves and the allocator by
+//!   reachability. NV leaves need no repair, so recovery writes nothing and
+//!   is idempotent: a crash during it is just another crash.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::alloc::Allocator;
+use crate::error::{Error, Result};
+use crate::format::leaf_nv::{self, Meta};
+use crate::format::{blob, header, saved};
+use crate::pmem::{Space, LINE};
+use crate::tree::index::{Bound, Entry};
+use crate::tree::leaf::{self, LeafFormat};
+use crate::tree::{LeafRef, Tree};
+
+/// How the last open recovered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RecoveryKind {
+    /// A new pool.
+    Created,
+    /// Loaded the state saved at clean shutdown.
+    Instant,
+    /// Rebuilt from the leaves (after a crash).
+    Rebuild,
+}
+
+#[derive(Clone, Copy, Debug, serde::Serialize)]
+pub struct Recovery {
+    pub kind: RecoveryKind,
+    pub millis: f64,
+}
+
+/// One leaf's facts gathered by a recovery scan.
+struct LeafScan {
+    off: u64,
+    size: u64,
+    count: u64,
+    max: Option<Vec<u8>>,
+    valid: u64,
+    blobs: Vec<u64>,
+}
+
+fn corrupt(path: &Path, what: String) -> Error {
+    Error::Corrupt {
+        path: path.into(),
+        what,
+    }
+}
+
+/// Opens the tree of a pool whose header has been validated.
+pub fn open_tree<S: Space, L: LeafFormat>(
+    space: Arc<S>,
+    h: &header::Header,
+    path: &Path,
+) -> Result<(Tree<S, L>, Recovery)> {
+    let t = Instant::now();
+    let s = &*space;
+    let clean = s.load(header::CLEAN_STATE_OFF);
+    let node_size = h.node_size as u64;
+    if clean != 0 {
+        if let Some(loaded) = load_saved::<S, L>(&space, h, path, clean)? {
+            let (tree, saved_block) = loaded;
+            if s.writable() {
+                // Cleared before any other write: from here on a crash means rebuild.
+                header::set_root(s, header::CLEAN_STATE_OFF, 0);
+                tree.alloc.free(saved_block);
+            }
+            return Ok((
+                tree,
+                Recovery {
+                    kind: RecoveryKind::Instant,
+                    millis: ms(t),
+                },
+            ));
+        }
+    }
+    if clean != 0 && s.writable() {
+        header::set_root(s, header::CLEAN_STATE_OFF, 0);
+    }
+    let tree = rebuild_from_leaves::<S, L>(space, h, path, node_size)?;
+    Ok((
+        tree,
+        Recovery {
+            kind: RecoveryKind::Rebuild,
+            millis: ms(t),
+        },
+    ))
+}
+
+fn ms(t: Instant) -> f64 {
+    t.elapsed().as_secs_f64() * 1e3
+}
+
+/// Walks the chain from the header's leaf head, validating each link.
+pub fn walk_chain<S: Space, L: LeafFormat>(s: &S, h: &header::Header, path: &Path) -> Result<Vec<u64>> {
+    let pool = header::pool_size(s);
+    let mut offs = Vec::new();
+    let mut seen = BTreeSet::new();
+    let mut at = s.load(header::LEAF_HEAD_OFF);
+    while at != 0 {
+        if !at.is_multiple_of(LINE) || at < h.data_start || at + leaf_nv::MIN_SIZE > pool {
+            return Err(corrupt(path, format!("leaf chain points at invalid offset {at}")));
+        }
+        if !seen.insert(at) {
+            return Err(corrupt(path, format!("leaf chain has a cycle at {at}")));
+        }
+        offs.push(at);
+        at = L::next(s, at);
+    }
+    Ok(offs)
+}
+
+fn scan_leaf<S: Space, L: LeafFormat>(s: &S, off: u64, path: &Path) -> Result<LeafScan> {
+    let pool = header::pool_size(s);
+    let size = L::size(s, off);
+    if size < leaf_nv::MIN_SIZE || size % LINE != 0 || off + size > pool {
+        return Err(corrupt(path, format!("leaf {off} has invalid size {size}")));
+    }
+    let count = L::count(s, off);
+    if count > L::capacity(size) {
+        return Err(corrupt(
+            path,
+            format!("leaf {off} count {count} exceeds capacity {}", L::capacity(size)),
+        ));
+    }
+    let mut max: Option<Vec<u8>> = None;
+    let mut newest: std::collections::HashMap<Vec<u8>, bool> = std::collections::HashMap::new();
+    let mut blobs = Vec::new();
+    for i in 0..count {
+        let e = leaf_nv::elem(off, i);
+        let meta_w = s.read_u64(e + leaf_nv::E_META);
+        let meta = Meta::decode(meta_w)
+            .ok_or_else(|| corrupt(path, format!("leaf {off} element {i} has invalid metadata {meta_w:#x}")))?;
+        let b = s.read_u64(e + leaf_nv::E_BLOB);
+        if meta.needs_blob() {
+            validate_blob(s, b, meta, pool).map_err(|w| corrupt(path, format!("leaf {off} element {i}: {w}")))?;
+            blobs.push(b);
+        } else if b != 0 {
+            return Err(corrupt(
+                path,
+                format!("leaf {off} element {i} has a blob reference but inline data"),
+            ));
+        }
+        let el = L::element(s, off, i);
+        if max.as_ref().is_none_or(|m| el.key > *m) {
+            max = Some(el.key.clone());
+        }
+        newest.insert(el.key, !meta.negative);
+    }
+    let valid = newest.values().filter(|v| **v).count() as u64;
+    Ok(LeafScan {
+        off,
+        size,
+        count,
+        max,
+        valid,
+        blobs,
+    })
+}
+
+/// Checks a blob reference: inside the pool, lengths consistent with the
+/// element's metadata.
+pub fn validate_blob<S: Space>(s: &S, b: u64, meta: Meta, pool: u64) -> std::result::Result<(), String> {
+    if b == 0 || !b.is_multiple_of(LINE) || b + blob::DATA_OFF > pool {
+        return Err(format!("invalid blob reference {b}"));
+    }
+    let (kl, vl) = blob::lens(s.read_u64(b));
+    let want_k = meta.key_inline.is_none();
+    let want_v = meta.value_inline.is_none();
+    if want_k != (kl > 8) || (!want_k && kl != 0) || want_v != (vl > 8) || (!want_v && vl != 0) {
+        return Err(format!("blob {b} lengths ({kl}, {vl}) do not match the element"));
+    }
+    if b + blob::DATA_OFF + kl + vl > pool {
+        return Err(format!("blob {b} overruns the pool"));
+    }
+    Ok(())
+}
+
+fn rebuild_from_leaves<S: Space, L: LeafFormat>(
+    space: Arc<S>,
+    h: &header::Header,
+    path: &Path,
+    node_size: u64,
+) -> Result<Tree<S, L>> {
+    let s = &*space;
+    let offs = walk_chain::<S, L>(s, h, path)?;
+    // Scan leaves on both cores (DESIGN §12).
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(offs.len().max(1));
+    let per = offs.len().div_ceil(threads.max(1)).max(1);
+    let scans: Vec<Result<Vec<LeafScan>>> = std::thread::scope(|sc| {
+        let handles: Vec<_> = offs
+            .chunks(per)
+            .map(|part| {
+                sc.spawn(move || {
+                    part.iter()
+                        .map(|&o| scan_leaf::<S, L>(s, o, path))
+                        .collect::<Result<Vec<_>>>()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("recovery scan thread panicked"))
+            .collect()
+    });
+    let mut leaves = Vec::with_capacity(offs.len());
+    for r in scans {
+        leaves.extend(r?);
+    }
+    let mut reachable: BTreeSet<u64> = BTreeSet::new();
+    let mut entries = Vec::with_capacity(leaves.len());
+    let mut keys = 0;
+    let mut prev = Bound::NegInf;
+    let n = leaves.len();
+    for (i, l) in leaves.into_iter().enumerate() {
+        reachable.insert(l.off);
+        reachable.extend(l.blobs.iter().copied());
+        keys += l.valid;
+        let max = if i + 1 == n {
+            Bound::PosInf
+        } else {
+            match l.max {
+                Some(m) => Bound::Key(m.into_boxed_slice()),
+                None => prev.clone(),
+            }
+        };
+        if max < prev {
+            return Err(corrupt(path, format!("leaf chain out of order at leaf {}", l.off)));
+        }
+        prev = max.clone();
+        entries.push(Entry {
+            max,
+            leaf: Arc::new(LeafRef::with(l.off, l.size, l.count)),
+        });
+    }
+    let alloc = Arc::new(Allocator::rebuild(
+        s,
+        h.chunk_size,
+        h.data_start,
+        path.into(),
+        &reachable,
+    )?);
+    if entries.is_empty() {
+        if s.writable() {
+            let off = Tree::<S, L>::create_first_leaf(s, &alloc, node_size)?;
+            entries.push(Entry {
+                max: Bound::PosInf,
+                leaf: Arc::new(LeafRef::with(off, node_size, 0)),
+            });
+        } else {
+            // Read-only view of a pool whose first leaf was never written.
+            entries.push(Entry {
+                max: Bound::PosInf,
+                leaf: Arc::new(LeafRef::with(0, 0, 0)),
+            });
+        }
+    }
+    Ok(Tree::assemble(space, alloc, entries, node_size, keys, path.into()))
+}
+
+/// Loads the clean-shutdown state; `None` when it does not verify (then
+/// the caller rebuilds from the leaves).
+fn load_saved<S: Space, L: LeafFormat>(
+    space: &Arc<S>,
+    h: &header::Header,
+    path: &Path,
+    at: u64,
+) -> Result<Option<(Tree<S, L>, u64)>> {
+    let s = &**space;
+    let pool = header::pool_size(s);
+    if !at.is_multiple_of(LINE) || at < h.data_start || at + 16 > pool {
+        return Ok(None);
+    }
+    let words = s.read_u64(at + 8) as usize;
+    if words < saved::BODY_W || at + words as u64 * 8 > pool {
+        return Ok(None);
+    }
+    let mut bytes = vec![0u8; words * 8];
+    s.read(at, &mut bytes);
+    let all: Vec<u64> = bytes
+        .chunks(8)
+        .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    let Some(body) = saved::open(&all) else { return Ok(None) };
+    let mut it = body.iter().copied();
+    let parse = |it: &mut dyn Iterator<Item = u64>| -> Option<(u64, Vec<Entry>, Vec<u64>)> {
+        let keys = it.next()?;
+        let n = it.next()? as usize;
+        let mut entries = Vec::with_capacity(n.min(1 << 24));
+        for _ in 0..n {
+            let off = it.next()?;
+            let tag = it.next()?;
+            let key = saved::get_bytes(&mut *it)?;
+            let max = match tag {
+                0 => Bound::NegInf,
+                1 => Bound::Key(key.into_boxed_slice()),
+                2 => Bound::PosInf,
+                _ => return None,
+            };
+            if off % LINE != 0 || off + leaf_nv::MIN_SIZE > pool {
+                return None;
+            }
+            let size = L::size(s, off);
+            let count = L::count(s, off);
+            entries.push(Entry {
+                max,
+                leaf: Arc::new(LeafRef::with(off, size, count)),
+            });
+        }
+        let na = it.next()? as usize;
+        let alloc: Vec<u64> = it.take(na).collect();
+        (alloc.len() == na && !entries.is_empty()).then_some((keys, entries, alloc))
+    };
+    let Some((keys, entries, alloc_words)) = parse(&mut it) else {
+        return Ok(None);
+    };
+    let alloc = Arc::new(Allocator::load(
+        s,
+        h.chunk_size,
+        h.data_start,
+        path.into(),
+        &alloc_words,
+    )?);
+    let tree = Tree::assemble(space.clone(), alloc, entries, h.node_size as u64, keys, path.into());
+    Ok(Some((tree, at)))
+}
+
+/// Saves the inner index and free lists and marks the pool clean (NV-Tree
+/// §4.6): write and flush the state, then one atomic store of its offset.
+pub fn save_clean<S: Space, L: LeafFormat>(tree: &Tree<S, L>) -> Result<()> {
+    let s = &*tree.space;
+    let mut head = vec![tree.len()];
+    let entries = tree.index.load().entries();
+    head.push(entries.len() as u64);
+    for e in &entries {
+        head.push(e.leaf.off);
+        match &e.max {
+            Bound::NegInf => {
+                head.push(0);
+                saved::put_bytes(&mut head, &[]);
+            }
+            Bound::Key(k) => {
+                head.push(1);
+                saved::put_bytes(&mut head, k);
+            }
+            Bound::PosInf => {
+                head.push(2);
+                saved::put_bytes(&mut head, &[]);
+            }
+        }
+    }
+    let mut room = (head.len() + tree.alloc.save().len() + saved::BODY_W) * 2 + 1024;
+    loop {
+        let block = tree.alloc.alloc(s, room as u64 * 8)?;
+        let mut body = head.clone();
+        let a = tree.alloc.save();
+        body.push(a.len() as u64);
+        body.extend(a);
+        let sealed = saved::seal(&body);
+        if sealed.len() > room {
+            tree.alloc.free(block);
+            room = sealed.len() * 2;
+            continue;
+        }
+        let bytes: Vec<u8> = sealed.iter().flat_map(|w| w.to_le_bytes()).collect();
+        s.write(block, &bytes);
+        s.flush(block, bytes.len() as u64, crate::pmem::points::SHUTDOWN_STATE_FLUSH);
+        s.fence(crate::pmem::points::SHUTDOWN_STATE_FENCE);
+        header::set_root(s, header::CLEAN_STATE_OFF, block);
+        return s.sync();
+    }
+}
+
+/// Leaf element keys with blob validation, for `check`.
+pub fn leaf_blob_ok<S: Space>(s: &S, words: &[u64; 4], pool: u64) -> std::result::Result<(), String> {
+    let meta = Meta::decode(words[3]).ok_or("invalid metadata")?;
+    if meta.needs_blob() {
+        validate_blob(s, words[1], meta, pool)
+    } else {
+        let _ = leaf::element_key(s, words);
+        Ok(())
+    }
+}

@@ -1,0 +1,331 @@
+//! Inner nodes in DRAM (seed 000 §4.1–4.2, §4.5).
+//!
+//! Inner nodes (INs) form NV-Tree's pointerless array: node `i`'s children
+//! are nodes `i*F + 1 + pos` with fan-out `F = 2m + 1`, all in one vector,
+//! laid out level by level. The last level are the PLNs (parents of leaves),
+//! which hold `(max key, leaf)` entries. INs never change between rebuilds;
+//! a PLN changes by copy-on-write when a split or merge inside its range
+//! adds or removes entries, and a PLN that would overflow triggers a rebuild
+//! of the whole index (rebuild-from-PLN). Searches keep using the old index
+//! while a new one is built, and publishing a new index or PLN is one
+//! pointer swap, so readers take no locks.
+//!
+//! Routing follows the paper: an entry's key is the largest key its leaf
+//! may hold, and a key goes to the first entry whose bound is >= the key;
+//! the last entry's bound is +inf. A leaf with no elements at the start of the
+//! chain gets -inf (it covers nothing), one elsewhere repeats its
+//! predecessor's bound (likewise empty).
+
+use std::cmp::Ordering;
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+
+use super::LeafRef;
+
+/// Keys a PLN holds (`m` in the paper) and the IN fan-out `2m + 1`.
+pub const PLN_CAPACITY: usize = 16;
+pub const FANOUT: usize = 2 * PLN_CAPACITY + 1;
+/// Entries per PLN right after a rebuild. The paper stores exactly one, to
+/// delay the next rebuild as long as possible; that makes the index F times
+/// larger than the leaves need, so we leave a quarter of each PLN free.
+pub const PLN_FILL: usize = PLN_CAPACITY * 3 / 4;
+
+/// A separator: the largest key a leaf may hold.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Bound {
+    NegInf,
+    Key(Box<[u8]>),
+    PosInf,
+}
+
+impl Bound {
+    /// `self >= key`
+    #[inline]
+    pub fn covers(&self, key: &[u8]) -> bool {
+        match self {
+            Bound::NegInf => false,
+            Bound::PosInf => true,
+            Bound::Key(b) => b.as_ref() >= key,
+        }
+    }
+
+    /// Order of the bound relative to a key.
+    #[inline]
+    pub fn cmp_key(&self, key: &[u8]) -> Ordering {
+        match self {
+            Bound::NegInf => Ordering::Less,
+            Bound::PosInf => Ordering::Greater,
+            Bound::Key(b) => b.as_ref().cmp(key),
+        }
+    }
+}
+
+/// One leaf as its parent sees it.
+#[derive(Clone)]
+pub struct Entry {
+    pub max: Bound,
+    pub leaf: Arc<LeafRef>,
+}
+
+/// A parent of leaves: immutable, replaced whole.
+pub struct Pln {
+    pub entries: Vec<Entry>,
+}
+
+/// A leaf found by routing, with the range of keys it covers.
+#[derive(Clone)]
+pub struct Found {
+    pub leaf: Arc<LeafRef>,
+    /// Exclusive lower bound (the previous entry's max).
+    pub low: Bound,
+    /// Inclusive upper bound.
+    pub high: Bound,
+    pub pln: usize,
+    pub pos: usize,
+}
+
+/// The whole inner structure of one tree generation.
+pub struct Index {
+    /// IN keys, `FANOUT - 1` per node, nodes in level order.
+    keys: Vec<Bound>,
+    /// Number of IN nodes (PLN ids start here).
+    inner_nodes: usize,
+    pub plns: Vec<ArcSwap<Pln>>,
+    /// How many PLNs carry entries (the rest pad the complete tree).
+    pub used_plns: usize,
+    pub generation: u64,
+}
+
+impl Index {
+    /// Builds an index over `entries` (in key order; the last bound is
+    /// +inf), `PLN_FILL` entries per PLN: the rebuild of seed 000 §4.5.
+    pub fn build(entries: Vec<Entry>, generation: u64) -> Index {
+        assert!(!entries.is_empty(), "a tree always has a leaf");
+        let used = entries.len().div_ceil(PLN_FILL);
+        // Depth: smallest d with FANOUT^d >= used.
+        let mut width = 1usize;
+        let mut inner_nodes = 0usize;
+        while width < used {
+            inner_nodes += width;
+            width *= FANOUT;
+        }
+        let mut plns: Vec<ArcSwap<Pln>> = Vec::with_capacity(width);
+        let mut bounds: Vec<Bound> = Vec::with_capacity(width);
+        let mut it = entries.into_iter().peekable();
+        for _ in 0..used {
+            let chunk: Vec<Entry> = it.by_ref().take(PLN_FILL).collect();
+            let last = it.peek().is_none();
+            bounds.push(if last {
+                Bound::PosInf
+            } else {
+                chunk.last().unwrap().max.clone()
+            });
+            plns.push(ArcSwap::from_pointee(Pln { entries: chunk }));
+        }
+        for _ in used..width {
+            plns.push(ArcSwap::from_pointee(Pln { entries: Vec::new() }));
+            bounds.push(Bound::PosInf);
+        }
+        // IN keys bottom-up: a child's key is the bound of its subtree's last PLN.
+        let mut keys = vec![Bound::PosInf; inner_nodes * (FANOUT - 1)];
+        let mut level_bounds = bounds;
+        let mut level_start = inner_nodes;
+        let mut level_width = width;
+        while level_width > 1 {
+            let parent_width = level_width / FANOUT;
+            let parent_start = level_start - parent_width;
+            let mut parent_bounds = Vec::with_capacity(parent_width);
+            for p in 0..parent_width {
+                let node = parent_start + p;
+                for c in 0..FANOUT - 1 {
+                    keys[node * (FANOUT - 1) + c] = level_bounds[p * FANOUT + c].clone();
+                }
+                // A subtree's bound is its last child's bound.
+                parent_bounds.push(level_bounds[p * FANOUT + FANOUT - 1].clone());
+            }
+            level_bounds = parent_bounds;
+            level_start = parent_start;
+            level_width = parent_width;
+        }
+        Index {
+            keys,
+            inner_nodes,
+            plns,
+            used_plns: used,
+            generation,
+        }
+    }
+
+    /// Algorithm 1 (FINDLEAF): descend the pointerless INs to a PLN id.
+    /// With `strict`, route to the first bound > key instead of >= key.
+    #[inline]
+    pub fn find_pln(&self, key: &[u8], strict: bool) -> usize {
+        let mut id = 0usize;
+        while id < self.inner_nodes {
+            let ks = &self.keys[id * (FANOUT - 1)..(id + 1) * (FANOUT - 1)];
+            let pos = ks.partition_point(|b| match b.cmp_key(key) {
+                Ordering::Less => true,
+                Ordering::Equal => strict,
+                Ordering::Greater => false,
+            });
+            id = id * FANOUT + 1 + pos;
+        }
+        id - self.inner_nodes
+    }
+
+    /// Routes `key` to its leaf: the first entry whose bound is >= key.
+    pub fn find(&self, key: &[u8]) -> Found {
+        self.route(key, false)
+    }
+
+    /// The first leaf whose bound is > key: where keys just above `key` live.
+    pub fn find_gt(&self, key: &[u8]) -> Found {
+        self.route(key, true)
+    }
+
+    /// The last leaf.
+    pub fn find_last(&self) -> Found {
+        let (p, pos) = self.last_entry(self.used_plns - 1);
+        let pln = self.plns[p].load();
+        self.found_at(p, pos, &pln)
+    }
+
+    fn route(&self, key: &[u8], strict: bool) -> Found {
+        let mut p = self.find_pln(key, strict).min(self.used_plns - 1);
+        loop {
+            let pln = self.plns[p].load();
+            let hit = pln.entries.iter().position(|e| match e.max.cmp_key(key) {
+                Ordering::Greater => true,
+                Ordering::Equal => !strict,
+                Ordering::Less => false,
+            });
+            if let Some(pos) = hit {
+                return self.found_at(p, pos, &pln);
+            }
+            if p + 1 >= self.used_plns {
+                return self.find_last();
+            }
+            p += 1;
+        }
+    }
+
+    fn last_entry(&self, mut p: usize) -> (usize, usize) {
+        loop {
+            let n = self.plns[p].load().entries.len();
+            if n > 0 {
+                return (p, n - 1);
+            }
+            p -= 1;
+        }
+    }
+
+    fn found_at(&self, p: usize, pos: usize, pln: &Pln) -> Found {
+        let e = &pln.entries[pos];
+        let low = if pos > 0 {
+            pln.entries[pos - 1].max.clone()
+        } else {
+            self.prev_bound(p)
+        };
+        Found {
+            leaf: e.leaf.clone(),
+            low,
+            high: e.max.clone(),
+            pln: p,
+            pos,
+        }
+    }
+
+    /// Bound of the last entry before PLN `p` (or -inf).
+    fn prev_bound(&self, p: usize) -> Bound {
+        for q in (0..p).rev() {
+            if let Some(e) = self.plns[q].load().entries.last() {
+                return e.max.clone();
+            }
+        }
+        Bound::NegInf
+    }
+
+    /// The entry before (`pln`, `pos`) in key order.
+    pub fn predecessor(&self, pln: usize, pos: usize) -> Option<Entry> {
+        if pos > 0 {
+            return Some(self.plns[pln].load().entries[pos - 1].clone());
+        }
+        (0..pln).rev().find_map(|q| self.plns[q].load().entries.last().cloned())
+    }
+
+    /// The entry after (`pln`, `pos`) in key order.
+    pub fn successor(&self, pln: usize, pos: usize) -> Option<(usize, usize, Entry)> {
+        let here = self.plns[pln].load();
+        if pos + 1 < here.entries.len() {
+            return Some((pln, pos + 1, here.entries[pos + 1].clone()));
+        }
+        (pln + 1..self.used_plns).find_map(|q| self.plns[q].load().entries.first().cloned().map(|e| (q, 0, e)))
+    }
+
+    /// Every entry in key order.
+    pub fn entries(&self) -> Vec<Entry> {
+        let mut v = Vec::new();
+        for p in &self.plns[..self.used_plns] {
+            v.extend(p.load().entries.iter().cloned());
+        }
+        v
+    }
+
+    pub fn leaf_count(&self) -> usize {
+        self.plns[..self.used_plns].iter().map(|p| p.load().entries.len()).sum()
+    }
+
+    /// Bytes of DRAM the inner structure takes (approximate).
+    pub fn inner_node_count(&self) -> usize {
+        self.inner_nodes + self.plns.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entries(n: usize) -> Vec<Entry> {
+        (0..n)
+            .map(|i| Entry {
+                max: if i + 1 == n {
+                    Bound::PosInf
+                } else {
+                    Bound::Key(format!("k{:05}", i * 10 + 9).into_bytes().into())
+                },
+                leaf: Arc::new(LeafRef::new(1000 + i as u64)),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn routes_every_key_to_the_covering_leaf() {
+        for n in [1, 2, 11, 12, 13, 100, 500, 5000] {
+            let idx = Index::build(entries(n), 0);
+            assert_eq!(idx.leaf_count(), n);
+            for i in 0..n * 10 + 20 {
+                let key = format!("k{i:05}").into_bytes();
+                let f = idx.find(&key);
+                let want = (i / 10).min(n - 1);
+                assert_eq!(f.leaf.off, 1000 + want as u64, "n={n} key={i}");
+                assert!(f.high.covers(&key));
+                assert!(!f.low.covers(&key));
+                let g = idx.find_gt(&key);
+                assert!(g.high.cmp_key(&key) == Ordering::Greater);
+            }
+            assert_eq!(idx.find(b"").leaf.off, 1000);
+        }
+    }
+
+    #[test]
+    fn neighbours() {
+        let idx = Index::build(entries(40), 0);
+        let f = idx.find(b"k00205");
+        assert_eq!(f.leaf.off, 1020);
+        assert_eq!(idx.predecessor(f.pln, f.pos).unwrap().leaf.off, 1019);
+        assert_eq!(idx.successor(f.pln, f.pos).unwrap().2.leaf.off, 1021);
+        let first = idx.find(b"");
+        assert!(idx.predecessor(first.pln, first.pos).is_none());
+    }
+}

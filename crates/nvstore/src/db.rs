@@ -80,7 +80,35 @@ pub struct Db<S: Space = FileSpace> {
     tree: Arc<Tree<S, Nv>>,
     header: Header,
     recovery: Recovery,
+    /// Whether the pool had been shut down cleanly when it was opened.
+    was_clean: bool,
     closed: bool,
+}
+
+/// What `nvstore stat` reports.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Stat {
+    pub path: String,
+    pub format_version: u32,
+    pub uuid: String,
+    pub size_bytes: u64,
+    pub used_bytes: u64,
+    pub mapping: &'static str,
+    pub flush: &'static str,
+    /// Whether the pool was cleanly shut down when this open found it.
+    pub clean_shutdown: bool,
+    pub leaf_format: &'static str,
+    pub node_size: u32,
+    pub keys: u64,
+    pub leaves: u64,
+    pub last_recovery: Recovery,
+    pub splits: u64,
+    pub replaces: u64,
+    pub merges: u64,
+    pub rebuilds: u64,
+    pub rebuild_ms: f64,
+    pub flushes: u64,
+    pub fences: u64,
 }
 
 impl Db<FileSpace> {
@@ -165,6 +193,7 @@ impl<S: Space> Db<S> {
     /// Opens an existing pool in `space` (`path` names it in messages).
     pub fn open_space(space: S, path: &Path) -> Result<Db<S>> {
         let h = Header::read(&space, path)?;
+        let was_clean = space.load(header::CLEAN_STATE_OFF) != 0;
         let space = Arc::new(space);
         let (tree, recovery) = match h.leaf_format {
             LeafFormat::Nv => recovery::open_tree::<S, Nv>(space, &h, path)?,

@@ -24,6 +24,7 @@
 
 pub mod alloc;
 pub mod check;
+pub mod crashtest;
 pub mod db;
 pub mod error;
 pub mod format;
@@ -33,7 +34,7 @@ pub mod recovery;
 pub mod tree;
 
 pub use check::CheckReport;
-pub use db::{Db, Options};
+pub use db::{Db, Options, Stat};
 pub use error::{Error, Result};
 pub use format::header::LeafFormat;
 pub use recovery::{Recovery, RecoveryKind};

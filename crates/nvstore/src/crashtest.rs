@@ -14,7 +14,12 @@ pub struct Config {
 
 impl Default for Config {
     fn default() -> Self {
-        Config { ops: 2000, seed: 7, threads: 1, drop: None }
+        Config {
+            ops: 2000,
+            seed: 7,
+            threads: 1,
+            drop: None,
+        }
     }
 }
 
@@ -41,5 +46,12 @@ pub fn list_points() -> Vec<&'static str> {
 
 /// Runs a campaign.
 pub fn run(cfg: &Config) -> Report {
-    Report { leaf: "nv".into(), ops: cfg.ops, seed: cfg.seed, threads: cfg.threads, drop: cfg.drop.clone(), ..Report::default() }
+    Report {
+        leaf: "nv".into(),
+        ops: cfg.ops,
+        seed: cfg.seed,
+        threads: cfg.threads,
+        drop: cfg.drop.clone(),
+        ..Report::default()
+    }
 }

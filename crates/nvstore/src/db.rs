@@ -186,6 +186,7 @@ impl<S: Space> Db<S> {
             tree: Arc::new(tree),
             header: h,
             recovery,
+            was_clean: true,
             closed: false,
         })
     }
@@ -202,8 +203,46 @@ impl<S: Space> Db<S> {
             tree: Arc::new(tree),
             header: h,
             recovery,
+            was_clean,
             closed: false,
         })
+    }
+
+    /// Pool facts and engine counters.
+    pub fn stat(&self) -> Stat {
+        use std::sync::atomic::Ordering::Relaxed;
+        let st = &self.tree.stats;
+        let c = crate::pmem::Counters::sum();
+        let uuid = self.header.uuid.iter().map(|b| format!("{b:02x}")).collect();
+        Stat {
+            path: self.tree.path.display().to_string(),
+            format_version: self.header.version,
+            uuid,
+            size_bytes: self.pool_size(),
+            used_bytes: self.used_bytes(),
+            mapping: self.space().mapping().as_str(),
+            flush: self.space().flush_kind().as_str(),
+            clean_shutdown: self.was_clean,
+            leaf_format: self.header.leaf_format.as_str(),
+            node_size: self.header.node_size,
+            keys: self.len(),
+            leaves: self
+                .tree
+                .index
+                .load()
+                .entries()
+                .iter()
+                .filter(|e| e.leaf.off != 0)
+                .count() as u64,
+            last_recovery: self.recovery,
+            splits: st.splits.load(Relaxed),
+            replaces: st.replaces.load(Relaxed),
+            merges: st.merges.load(Relaxed),
+            rebuilds: st.rebuilds.load(Relaxed),
+            rebuild_ms: st.rebuild_ns.load(Relaxed) as f64 / 1e6,
+            flushes: c.flushes,
+            fences: c.fences,
+        }
     }
 
     fn writable(&self) -> Result<()> {

@@ -33,6 +33,11 @@ pub mod pmem;
 pub mod recovery;
 pub mod tree;
 
+/// The README's examples compile and run as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+pub struct ReadmeDoctests;
+
 pub use check::CheckReport;
 pub use db::{Db, Options, Stat};
 pub use error::{Error, Result};

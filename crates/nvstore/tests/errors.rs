@@ -1,0 +1,313 @@
+//! Typed errors from real files; none of them changes the file.
+//! Pool full, growth, size limits, and `check` on deliberately corrupted pools.
+
+use std::path::{Path, PathBuf};
+
+use nvstore::pmem::FlushKind;
+use nvstore::{Db, Error, Options, RecoveryKind};
+
+fn dir() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("nvstore-err")
+        .tempdir_in("/dev/shm")
+        .or_else(|_| tempfile::tempdir())
+        .unwrap()
+}
+
+fn ro() -> Options {
+    Options {
+        read_only: true,
+        create: false,
+        ..Options::default()
+    }
+}
+
+fn make_pool(d: &Path) -> PathBuf {
+    let p = d.join("p.nvs");
+    let db = Db::open(
+        &p,
+        Options {
+            size: 1 << 20,
+            ..Options::default()
+        },
+    )
+    .unwrap();
+    for i in 0..2000u64 {
+        db.put(&i.to_be_bytes(), &(i * 3).to_le_bytes()).unwrap();
+    }
+    db.close().unwrap();
+    p
+}
+
+/// Opens with `opts`, expects an error matching `pred`, and checks the file is unchanged.
+fn expect_err(p: &Path, opts: Options, pred: impl Fn(&Error) -> bool) -> String {
+    let before = std::fs::read(p).unwrap();
+    let msg = match Db::open(p, opts) {
+        Ok(_) => panic!("open succeeded"),
+        Err(e) => {
+            assert!(pred(&e), "unexpected error: {e}");
+            e.to_string()
+        }
+    };
+    assert!(std::fs::read(p).unwrap() == before, "the failed open changed the file");
+    assert!(
+        msg.contains(&p.display().to_string()),
+        "message does not name the file: {msg}"
+    );
+    msg
+}
+
+#[test]
+fn random_bytes_are_not_a_pool() {
+    let d = dir();
+    let p = d.path().join("random.bin");
+    let bytes: Vec<u8> = (0..1 << 20).map(|_| rand::random::<u8>()).collect();
+    std::fs::write(&p, &bytes).unwrap();
+    for opts in [ro(), Options::default()] {
+        expect_err(&p, opts, |e| matches!(e, Error::NotAPool { .. }));
+    }
+    let tiny = d.path().join("tiny");
+    std::fs::write(&tiny, b"hello").unwrap();
+    expect_err(&tiny, ro(), |e| matches!(e, Error::NotAPool { .. }));
+}
+
+#[test]
+fn flipped_header_byte_fails_the_checksum() {
+    let d = dir();
+    let p = make_pool(d.path());
+    let mut b = std::fs::read(&p).unwrap();
+    b[36] ^= 0x40; // node size field
+    std::fs::write(&p, &b).unwrap();
+    expect_err(&p, Options::default(), |e| matches!(e, Error::BadChecksum { .. }));
+}
+
+#[test]
+fn newer_version_is_refused() {
+    let d = dir();
+    let p = make_pool(d.path());
+    let mut b = std::fs::read(&p).unwrap();
+    b[8..12].copy_from_slice(&99u32.to_le_bytes());
+    std::fs::write(&p, &b).unwrap();
+    let msg = expect_err(&p, Options::default(), |e| {
+        matches!(e, Error::WrongVersion { found: 99, .. })
+    });
+    assert!(msg.contains("version 99"));
+}
+
+#[test]
+fn truncated_pool_is_refused() {
+    let d = dir();
+    let p = make_pool(d.path());
+    let f = std::fs::OpenOptions::new().write(true).open(&p).unwrap();
+    let len = f.metadata().unwrap().len();
+    f.set_len(len / 2).unwrap();
+    drop(f);
+    expect_err(&p, Options::default(), |e| matches!(e, Error::Truncated { .. }));
+}
+
+#[test]
+fn missing_pool_without_create() {
+    let d = dir();
+    let p = d.path().join("absent.nvs");
+    assert!(matches!(
+        Db::open(
+            &p,
+            Options {
+                create: false,
+                ..Options::default()
+            }
+        ),
+        Err(Error::NotFound { .. })
+    ));
+    assert!(!p.exists());
+}
+
+#[test]
+fn permission_denied() {
+    if euid() == 0 {
+        eprintln!("running as root: permissions are not enforced, skipping");
+        return;
+    }
+    let d = dir();
+    let p = make_pool(d.path());
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o000)).unwrap();
+    assert!(matches!(
+        Db::open(&p, Options::default()),
+        Err(Error::PermissionDenied { .. })
+    ));
+}
+
+fn euid() -> u32 {
+    std::process::Command::new("id")
+        .arg("-u")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+#[test]
+fn full_pool_fails_the_write_and_harms_nothing() {
+    let d = dir();
+    let p = d.path().join("full.nvs");
+    let opts = Options {
+        size: 256 << 10,
+        max_size: 2 << 20,
+        ..Options::default()
+    };
+    let db = Db::open(&p, opts.clone()).unwrap();
+    let mut acked = Vec::new();
+    let big = vec![0x5au8; 3000];
+    let err = loop {
+        let k = (acked.len() as u64).to_be_bytes();
+        match db.put(&k, &big) {
+            Ok(()) => acked.push(k),
+            Err(e) => break e,
+        }
+        assert!(acked.len() < 100_000, "pool never filled");
+    };
+    assert!(matches!(err, Error::PoolFull { .. }), "{err}");
+    assert!(err.to_string().contains("full.nvs"));
+    // Everything acknowledged is intact, reads keep working, the tree is sound.
+    for k in &acked {
+        assert_eq!(db.get(k).unwrap().as_deref(), Some(&big[..]));
+    }
+    assert!(db.check().ok, "{:?}", db.check().problems);
+    // Small inline writes may still fit in existing leaves; deletes free space.
+    for k in acked.iter().take(100) {
+        assert!(db.delete(k).unwrap());
+    }
+    drop(db);
+    let db = Db::open(&p, opts).unwrap();
+    assert_eq!(db.len(), acked.len() as u64 - 100);
+    assert!(db.check().ok);
+}
+
+#[test]
+fn pool_grows_and_keeps_data() {
+    let d = dir();
+    let p = d.path().join("grow.nvs");
+    let db = Db::open(
+        &p,
+        Options {
+            size: 256 << 10,
+            ..Options::default()
+        },
+    )
+    .unwrap();
+    let initial = db.pool_size();
+    for i in 0..50_000u64 {
+        db.put(&i.to_be_bytes(), &[i as u8; 40]).unwrap();
+    }
+    assert!(db.pool_size() > initial * 4, "pool did not grow: {}", db.pool_size());
+    for i in (0..50_000u64).step_by(97) {
+        assert_eq!(db.get(&i.to_be_bytes()).unwrap(), Some(vec![i as u8; 40]));
+    }
+    assert!(std::fs::metadata(&p).unwrap().len() >= db.pool_size());
+    drop(db);
+    let db = Db::open(&p, Options::default()).unwrap();
+    assert_eq!(db.recovery().kind, RecoveryKind::Instant);
+    assert_eq!(db.len(), 50_000);
+    assert!(db.check().ok);
+}
+
+#[test]
+fn key_and_value_limits() {
+    let d = dir();
+    let db = Db::open(d.path().join("lim.nvs"), Options::default()).unwrap();
+    let k = vec![7u8; 64 * 1024];
+    let v = vec![9u8; 16 * 1024 * 1024];
+    db.put(&k, &v).unwrap();
+    assert_eq!(db.get(&k).unwrap().map(|x| x.len()), Some(v.len()));
+    assert!(matches!(
+        db.put(&vec![0; 64 * 1024 + 1], b"x"),
+        Err(Error::KeyTooLarge { .. })
+    ));
+    assert!(matches!(
+        db.put(b"x", &vec![0; 16 * 1024 * 1024 + 1]),
+        Err(Error::ValueTooLarge { .. })
+    ));
+    assert!(matches!(
+        db.get(&vec![0; 64 * 1024 + 1]),
+        Err(Error::KeyTooLarge { .. })
+    ));
+    db.put(b"", b"").unwrap();
+    assert_eq!(db.get(b"").unwrap(), Some(vec![]));
+    assert_eq!(db.len(), 2);
+    assert!(db.check().ok);
+}
+
+#[test]
+fn flush_override_and_read_only() {
+    let d = dir();
+    let p = d.path().join("ovr.nvs");
+    let db = Db::open(
+        &p,
+        Options {
+            flush: Some(FlushKind::None),
+            ..Options::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(db.stat().flush, "none");
+    db.put(b"a", b"1").unwrap();
+    drop(db);
+    let db = Db::open(
+        &p,
+        Options {
+            flush: Some(FlushKind::Clflush),
+            ..Options::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(db.stat().flush, "clflush");
+    assert!(["map_sync", "shared"].contains(&db.stat().mapping));
+    drop(db);
+    let before = std::fs::read(&p).unwrap();
+    let db = Db::open(&p, ro()).unwrap();
+    assert_eq!(db.get(b"a").unwrap(), Some(b"1".to_vec()));
+    assert!(matches!(db.put(b"b", b"2"), Err(Error::ReadOnly)));
+    assert!(db.stat().clean_shutdown);
+    drop(db);
+    assert!(std::fs::read(&p).unwrap() == before, "read-only open changed the file");
+}
+
+#[test]
+fn check_reports_corruption() {
+    let d = dir();
+    let p = make_pool(d.path());
+    // Find the first leaf through the header and damage one element's metadata.
+    let mut b = std::fs::read(&p).unwrap();
+    let head = u64::from_le_bytes(b[72..80].try_into().unwrap()) as usize;
+    let meta = head + 64 + 24; // element 0's meta word
+    b[meta + 7] = 0x7f; // invalid length nibbles
+    std::fs::write(&p, &b).unwrap();
+    // Clean pool: instant open succeeds, check finds the damage.
+    let db = Db::open(&p, ro()).unwrap();
+    let r = db.check();
+    assert!(!r.ok);
+    assert!(
+        r.problems.iter().any(|x| x.contains("invalid metadata")),
+        "{:?}",
+        r.problems
+    );
+    drop(db);
+    // A damaged leaf count beyond capacity.
+    let mut b = std::fs::read(&p).unwrap();
+    b[meta + 7] = 0x00;
+    b[head..head + 8].copy_from_slice(&10_000u64.to_le_bytes());
+    std::fs::write(&p, &b).unwrap();
+    let db = Db::open(&p, ro()).unwrap();
+    assert!(db.check().problems.iter().any(|x| x.contains("exceeds capacity")));
+    drop(db);
+    // Without the clean flag, recovery itself refuses the pool, naming the problem.
+    b[80..88].copy_from_slice(&0u64.to_le_bytes());
+    std::fs::write(&p, &b).unwrap();
+    let e = Db::open(&p, ro()).err().expect("corrupt pool opened");
+    assert!(
+        matches!(e, Error::Corrupt { .. }) && e.to_string().contains("exceeds capacity"),
+        "{e}"
+    );
+}

@@ -85,10 +85,27 @@ pub struct Found {
     pub pos: usize,
 }
 
+/// One IN node's keys as order-preserving 8-byte prefixes, cache-line
+/// aligned: a search compares words and reads a full key only on a tie.
+#[repr(align(64))]
+#[derive(Clone)]
+struct NodeWords([u64; FANOUT - 1]);
+
+/// Order-preserving prefix word of a bound (ties are resolved on full keys).
+fn bound_word(b: &Bound) -> u64 {
+    match b {
+        Bound::NegInf => 0,
+        Bound::Key(k) => crate::format::leaf_nv::key_word(k),
+        Bound::PosInf => u64::MAX,
+    }
+}
+
 /// The whole inner structure of one tree generation.
 pub struct Index {
     /// IN keys, `FANOUT - 1` per node, nodes in level order.
     keys: Vec<Bound>,
+    /// The same keys' prefix words, one aligned block per IN node.
+    words: Vec<NodeWords>,
     /// Number of IN nodes (PLN ids start here).
     inner_nodes: usize,
     pub plns: Vec<ArcSwap<Pln>>,
@@ -148,8 +165,19 @@ impl Index {
             level_start = parent_start;
             level_width = parent_width;
         }
+        let words = keys
+            .chunks(FANOUT - 1)
+            .map(|ks| {
+                let mut w = [0u64; FANOUT - 1];
+                for (d, k) in w.iter_mut().zip(ks) {
+                    *d = bound_word(k);
+                }
+                NodeWords(w)
+            })
+            .collect();
         Index {
             keys,
+            words,
             inner_nodes,
             plns,
             used_plns: used,
@@ -161,15 +189,30 @@ impl Index {
     /// With `strict`, route to the first bound > key instead of >= key.
     #[inline]
     pub fn find_pln(&self, key: &[u8], strict: bool) -> usize {
+        let kw = crate::format::leaf_nv::key_word(key);
         let mut id = 0usize;
         while id < self.inner_nodes {
-            let ks = &self.keys[id * (FANOUT - 1)..(id + 1) * (FANOUT - 1)];
-            let pos = ks.partition_point(|b| match b.cmp_key(key) {
-                Ordering::Less => true,
-                Ordering::Equal => strict,
-                Ordering::Greater => false,
-            });
-            id = id * FANOUT + 1 + pos;
+            let words = &self.words[id].0;
+            // Binary search for the first key >= search key (> with `strict`).
+            let (mut lo, mut hi) = (0usize, FANOUT - 1);
+            while lo < hi {
+                let mid = (lo + hi) / 2;
+                let below = match words[mid].cmp(&kw) {
+                    Ordering::Less => true,
+                    Ordering::Greater => false,
+                    Ordering::Equal => match self.keys[id * (FANOUT - 1) + mid].cmp_key(key) {
+                        Ordering::Less => true,
+                        Ordering::Equal => strict,
+                        Ordering::Greater => false,
+                    },
+                };
+                if below {
+                    lo = mid + 1;
+                } else {
+                    hi = mid;
+                }
+            }
+            id = id * FANOUT + 1 + lo;
         }
         id - self.inner_nodes
     }
@@ -316,6 +359,29 @@ mod tests {
             }
             assert_eq!(idx.find(b"").leaf.off, 1000);
         }
+    }
+
+    #[test]
+    fn routes_long_keys_sharing_a_prefix_word() {
+        // Every bound has the same first 8 bytes: the word ties and full keys decide.
+        let n = 3000;
+        let k = |i: usize| format!("samepref{i:06}").into_bytes();
+        let es: Vec<Entry> = (0..n)
+            .map(|i| Entry {
+                max: if i + 1 == n {
+                    Bound::PosInf
+                } else {
+                    Bound::Key(k(i * 2 + 1).into())
+                },
+                leaf: Arc::new(LeafRef::new(i as u64)),
+            })
+            .collect();
+        let idx = Index::build(es, 0);
+        for i in 0..2 * n {
+            assert_eq!(idx.find(&k(i)).leaf.off, (i / 2).min(n - 1) as u64, "key {i}");
+        }
+        assert_eq!(idx.find(b"samepre").leaf.off, 0);
+        assert_eq!(idx.find(b"zzz").leaf.off, (n - 1) as u64);
     }
 
     #[test]

@@ -15,6 +15,8 @@ use crate::tree::{RangeIter, Tree};
 
 /// Size of an allocation chunk; also the header's reserved area.
 pub const CHUNK_SIZE: u64 = 64 * 1024;
+/// Smallest pool: the header area and three chunks.
+pub const MIN_POOL: u64 = 4 * CHUNK_SIZE;
 
 /// How to open or create a pool.
 #[derive(Clone, Debug)]
@@ -107,8 +109,6 @@ pub struct Stat {
     pub merges: u64,
     pub rebuilds: u64,
     pub rebuild_ms: f64,
-    pub flushes: u64,
-    pub fences: u64,
 }
 
 impl Db<FileSpace> {
@@ -126,22 +126,51 @@ impl Db<FileSpace> {
         } else {
             OpenMode::Open
         };
+        if let OpenMode::Create { size } = mode {
+            return Db::create_file(path, size, &opts);
+        }
         let fo = crate::pmem::file::FileOptions {
             mode,
             flush: opts.flush,
             latency_ns: opts.latency_ns,
             max_size: opts.max_size,
             force_shared: opts.force_shared,
+            name: None,
         };
         let space = FileSpace::open(path, &fo)?;
-        if let OpenMode::Create { .. } = mode {
-            let r = Db::create_in(space, path, &opts);
-            if r.is_err() {
-                let _ = std::fs::remove_file(path);
-            }
-            return r;
-        }
         Db::open_space(space, path)
+    }
+
+    /// Writes a new pool under a temporary name and renames it into place
+    /// once its header and first leaf are durable: a crash during creation
+    /// leaves no half-made pool at `path`.
+    fn create_file(path: &Path, size: u64, opts: &Options) -> Result<Db<FileSpace>> {
+        let mut tmp = path.as_os_str().to_owned();
+        tmp.push(format!(".creating-{}", std::process::id()));
+        let tmp = PathBuf::from(tmp);
+        let fo = crate::pmem::file::FileOptions {
+            mode: OpenMode::Create { size },
+            flush: opts.flush,
+            latency_ns: opts.latency_ns,
+            max_size: opts.max_size,
+            force_shared: opts.force_shared,
+            name: Some(path.to_path_buf()),
+        };
+        let space = FileSpace::open(&tmp, &fo)?;
+        let db = match Db::create_in(space, path, opts) {
+            Ok(db) => db,
+            Err(e) => {
+                let _ = std::fs::remove_file(&tmp);
+                return Err(e);
+            }
+        };
+        db.sync()?;
+        // A hard link fails if `path` exists, so a pool that appeared there
+        // meanwhile is never replaced; then drop the temporary name.
+        let linked = std::fs::hard_link(&tmp, path);
+        let _ = std::fs::remove_file(&tmp);
+        linked.map_err(|e| Error::io(path, e))?;
+        Ok(db)
     }
 
     /// Creates a new pool at `path`; fails if the file exists.
@@ -212,7 +241,6 @@ impl<S: Space> Db<S> {
     pub fn stat(&self) -> Stat {
         use std::sync::atomic::Ordering::Relaxed;
         let st = &self.tree.stats;
-        let c = crate::pmem::Counters::sum();
         let uuid = self.header.uuid.iter().map(|b| format!("{b:02x}")).collect();
         Stat {
             path: self.tree.path.display().to_string(),
@@ -240,8 +268,6 @@ impl<S: Space> Db<S> {
             merges: st.merges.load(Relaxed),
             rebuilds: st.rebuilds.load(Relaxed),
             rebuild_ms: st.rebuild_ns.load(Relaxed) as f64 / 1e6,
-            flushes: c.flushes,
-            fences: c.fences,
         }
     }
 

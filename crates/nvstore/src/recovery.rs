@@ -75,8 +75,9 @@ pub fn open_tree<S: Space, L: LeafFormat>(
             if s.writable() {
                 // Cleared before any other write: from here on a crash means rebuild.
                 header::set_root(s, header::CLEAN_STATE_OFF, 0);
-                tree.alloc.free(saved_block);
             }
+            // DRAM only: a read-only open must count the saved block as free too.
+            tree.alloc.free(saved_block);
             return Ok((
                 tree,
                 Recovery {

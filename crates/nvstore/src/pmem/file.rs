@@ -67,6 +67,9 @@ pub struct FileOptions {
     pub max_size: u64,
     /// Never try `MAP_SYNC` (tests of the fallback path).
     pub force_shared: bool,
+    /// Name used in messages when it differs from the opened path (a pool
+    /// being created under a temporary name).
+    pub name: Option<PathBuf>,
 }
 
 impl Default for FileOptions {
@@ -77,6 +80,7 @@ impl Default for FileOptions {
             latency_ns: 0,
             max_size: 1 << 40,
             force_shared: false,
+            name: None,
         }
     }
 }
@@ -173,7 +177,7 @@ impl FileSpace {
             MappingKind::MapSync
         };
         let space = FileSpace {
-            path: path.into(),
+            path: opts.name.clone().unwrap_or_else(|| path.into()),
             file,
             base: base as *mut u8,
             reserved,

@@ -26,4 +26,35 @@ pub trait BenchIndex: Send + Sync {
     fn stats(&self) -> EngineStats {
         EngineStats::default()
     }
+    /// Whether several threads may operate at once with real parallelism
+    /// (the baselines serialise every operation on one lock, so the
+    /// benchmark runs them on one thread).
+    fn concurrent(&self) -> bool {
+        false
+    }
+    /// Leaf layout, for reports (`--leaf` of the tree, a short name otherwise).
+    fn leaf(&self) -> &'static str {
+        "-"
+    }
+}
+
+/// How benchmark keys are presented to the engine.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KeyKind {
+    /// 8-byte big-endian keys (the papers' setting).
+    #[default]
+    U64,
+    /// YCSB-style string keys `user` + 20 decimal digits (24 bytes; only the
+    /// tree engine stores variable-size keys).
+    String,
+}
+
+impl KeyKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KeyKind::U64 => "u64",
+            KeyKind::String => "string",
+        }
+    }
 }

@@ -1,7 +1,18 @@
 //! Benchmarks (DESIGN §14): the papers' experiments on one persistent-memory
 //! layer, so flush counts compare honestly across engines.
+//!
+//! Entry points for the CLI (`nvstore bench micro|compare`):
+//! [`micro::MicroArgs`] / [`micro::micro_main`] and [`micro::CompareArgs`] /
+//! [`micro::compare_main`]; [`micro::run_micro`] and [`micro::run_compare`]
+//! return the results without printing.
 
 #![deny(unsafe_code)]
 
 pub mod baselines;
 pub mod engine;
+pub mod micro;
+
+pub use engine::{BenchIndex, EngineStats, KeyKind};
+pub use micro::{
+    compare_main, micro_main, run_compare, run_micro, CompareArgs, CompareResult, MicroArgs, MicroResult, Op,
+};

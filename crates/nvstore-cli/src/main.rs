@@ -104,6 +104,17 @@ enum Cmd {
     Crashtest(CrashtestArgs),
     /// Try nvstore: insert, read back, scan, delete, check, close and reopen a pool, and report.
     Demo(demo::DemoArgs),
+    /// Benchmarks: the papers' experiments against baseline trees (`micro`, `compare`).
+    #[command(subcommand)]
+    Bench(BenchCmd),
+}
+
+#[derive(Subcommand, Debug)]
+enum BenchCmd {
+    /// One engine, one operation: ops/s, flushes and fences per op, latency percentiles.
+    Micro(nvstore_bench::MicroArgs),
+    /// Every engine in one process, repetitions interleaved, ratios to tree/nv.
+    Compare(nvstore_bench::CompareArgs),
 }
 
 const LOAD_HELP: &str = "\
@@ -302,6 +313,7 @@ fn main() {
         Cmd::Check { pool, json } => check(&pool, json),
         Cmd::Crashtest(a) => crashtest(a),
         Cmd::Demo(a) => demo::run(a),
+        Cmd::Bench(b) => bench(b),
     };
     if let Err(f) = r {
         if !f.msg.is_empty() {
@@ -310,6 +322,15 @@ fn main() {
         }
         std::process::exit(f.code);
     }
+}
+
+fn bench(b: BenchCmd) -> CmdResult {
+    let mut out = io::stdout().lock();
+    let r = match &b {
+        BenchCmd::Micro(a) => nvstore_bench::micro_main(a, &mut out).map(|_| ()),
+        BenchCmd::Compare(a) => nvstore_bench::compare_main(a, &mut out).map(|_| ()),
+    };
+    r.map_err(|e| Fail::error(e.to_string()))
 }
 
 fn create(a: CreateArgs) -> CmdResult {

@@ -35,6 +35,21 @@ fn main() {
         assert!(db.get(&k.to_be_bytes()).unwrap().is_some());
     }
     let get = t.elapsed();
+    let t = Instant::now();
+    let scans: u64 = std::env::var("SCANS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(20_000);
+    let mut got = 0;
+    for i in 0..scans {
+        let start = keys[(i as usize * 7919) % keys.len()].to_be_bytes().to_vec();
+        got += db.range(start..).take(100).count();
+    }
+    let sc = t.elapsed();
+    println!(
+        "scan of 100: {:.1} us each ({got} pairs)",
+        sc.as_secs_f64() * 1e6 / scans as f64
+    );
     let st = db.stat();
     println!(
         "n={n} node={ns}: insert {:.0} ops/s ({:.2} flushes/op), get {:.0} ops/s, leaves {}, rebuilds {} ({:.1} ms)",
@@ -54,3 +69,6 @@ fn main() {
     std::mem::forget(db); // simulate a crash: no clean shutdown
     let _ = std::fs::remove_file(&p);
 }
+
+#[allow(dead_code)]
+fn scan_probe() {}

@@ -136,8 +136,6 @@ fn scan_leaf<S: Space, L: LeafFormat>(s: &S, off: u64, path: &Path) -> Result<Le
             format!("leaf {off} count {count} exceeds capacity {}", L::capacity(size)),
         ));
     }
-    let mut max: Option<Vec<u8>> = None;
-    let mut newest: std::collections::HashMap<Vec<u8>, bool> = std::collections::HashMap::new();
     let mut blobs = Vec::new();
     for i in 0..count {
         let e = leaf_nv::elem(off, i);
@@ -154,13 +152,10 @@ fn scan_leaf<S: Space, L: LeafFormat>(s: &S, off: u64, path: &Path) -> Result<Le
                 format!("leaf {off} element {i} has a blob reference but inline data"),
             ));
         }
-        let el = L::element(s, off, i);
-        if max.as_ref().is_none_or(|m| el.key > *m) {
-            max = Some(el.key.clone());
-        }
-        newest.insert(el.key, !meta.negative);
     }
-    let valid = newest.values().filter(|v| **v).count() as u64;
+    // Every element is valid now; collate for the leaf's bound and live keys.
+    let c = leaf::collate(s, off, count);
+    let (max, valid) = (c.max_key, c.valid.len() as u64);
     Ok(LeafScan {
         off,
         size,

@@ -24,7 +24,7 @@ fn pool_dir() -> tempfile::TempDir {
 fn key(thread: usize, i: u64) -> Vec<u8> {
     // Interleave threads' keys so they share leaves and splits race.
     let mut k = (i * 8 + thread as u64).to_be_bytes().to_vec();
-    if i % 7 == 0 {
+    if i.is_multiple_of(7) {
         k.extend_from_slice(b"-long-key-suffix");
     }
     k

@@ -27,6 +27,135 @@ impl Elem {
     }
 }
 
+/// One element read for a bulk operation (split, scan, recovery): its raw
+/// words and, only for keys longer than 8 bytes, the key bytes. Inline keys
+/// are never materialised unless asked for.
+#[derive(Clone, Debug)]
+pub struct Slot {
+    pub words: [u64; 4],
+    pub long_key: Option<Box<[u8]>>,
+}
+
+impl Slot {
+    pub fn negative(&self) -> bool {
+        self.words[3] & nv::NEGATIVE != 0
+    }
+    pub fn blob(&self) -> u64 {
+        self.words[1]
+    }
+    fn inline_len(&self) -> Option<usize> {
+        Meta::decode(self.words[3])
+            .expect("validated meta")
+            .key_inline
+            .map(|l| l as usize)
+    }
+    /// The full key.
+    pub fn key(&self) -> Vec<u8> {
+        match &self.long_key {
+            Some(k) => k.to_vec(),
+            None => nv::word_key(self.words[0], self.inline_len().unwrap_or(0)),
+        }
+    }
+    /// Order of this element's key relative to `key`, without allocating.
+    pub fn cmp_bytes(&self, key: &[u8]) -> std::cmp::Ordering {
+        match &self.long_key {
+            Some(k) => k.as_ref().cmp(key),
+            None => {
+                let w = self.words[0].to_be_bytes();
+                w[..self.inline_len().unwrap_or(0)].cmp(key)
+            }
+        }
+    }
+
+    /// Whether the value is in a blob.
+    pub fn value_in_blob(&self) -> bool {
+        Meta::decode(self.words[3])
+            .expect("validated meta")
+            .value_inline
+            .is_none()
+    }
+
+    /// The value, if it is inline (no pool access needed).
+    pub fn inline_value(&self) -> Option<Vec<u8>> {
+        let meta = Meta::decode(self.words[3]).expect("validated meta");
+        meta.value_inline
+            .map(|l| self.words[2].to_le_bytes()[..l as usize].to_vec())
+    }
+
+    /// Bytewise key order, deciding on the prefix word where it can.
+    pub fn key_cmp(&self, other: &Slot) -> std::cmp::Ordering {
+        use std::cmp::Ordering;
+        match self.words[0].cmp(&other.words[0]) {
+            Ordering::Equal => {}
+            o => return o,
+        }
+        // Equal words: an inline key is a prefix of any longer key with the same word.
+        match (&self.long_key, &other.long_key) {
+            (None, None) => self.inline_len().cmp(&other.inline_len()),
+            (None, Some(_)) => Ordering::Less,
+            (Some(_), None) => Ordering::Greater,
+            (Some(a), Some(b)) => a.cmp(b),
+        }
+    }
+}
+
+/// A leaf's elements collated: the newest element of each key that is
+/// positive, in key order, and what is left behind.
+pub struct Collated {
+    pub valid: Vec<Slot>,
+    /// Blobs referenced only by elements that are not kept.
+    pub dropped_blobs: Vec<u64>,
+    /// Largest key among all elements (negative ones too), for recovery bounds.
+    pub max_key: Option<Vec<u8>>,
+}
+
+/// Reads elements `0..n` of a leaf and collates them: one stable sort by key,
+/// then the last element of each run of equal keys is the newest.
+pub fn collate<S: Space>(s: &S, leaf: u64, n: u64) -> Collated {
+    let mut all: Vec<Slot> = (0..n)
+        .map(|i| {
+            let words = load_words(s, nv::elem(leaf, i));
+            let long_key = match Meta::decode(words[3])
+                .expect("published element has valid meta")
+                .key_inline
+            {
+                Some(_) => None,
+                None => Some(element_key(s, &words).into_boxed_slice()),
+            };
+            Slot { words, long_key }
+        })
+        .collect();
+    all.sort_by(|a, b| a.key_cmp(b)); // stable: equal keys stay in append order
+    let max_key = all.last().map(|x| x.key());
+    let mut valid = Vec::with_capacity(all.len());
+    let mut dropped = Vec::new();
+    let mut i = 0;
+    while i < all.len() {
+        let mut j = i + 1;
+        while j < all.len() && all[j].key_cmp(&all[i]).is_eq() {
+            j += 1;
+        }
+        let newest = &all[j - 1];
+        let keep_blob = if newest.negative() { 0 } else { newest.blob() };
+        for x in &all[i..j] {
+            if x.blob() != 0 && x.blob() != keep_blob {
+                dropped.push(x.blob());
+            }
+        }
+        if !newest.negative() {
+            valid.push(newest.clone());
+        }
+        i = j;
+    }
+    dropped.sort_unstable();
+    dropped.dedup();
+    Collated {
+        valid,
+        dropped_blobs: dropped,
+        max_key,
+    }
+}
+
 /// What a leaf search found for a key.
 pub enum Lookup {
     /// The newest element for the key is positive, at this index.
@@ -62,7 +191,7 @@ pub trait LeafFormat: Send + Sync + 'static {
 
     /// Writes a complete new leaf (unlinked, flushed but not fenced: the
     /// caller fences once for all new leaves of a split).
-    fn build<S: Space>(s: &S, leaf: u64, size: u64, next: u64, elems: &[Elem]);
+    fn build<S: Space>(s: &S, leaf: u64, size: u64, next: u64, elems: &[Slot]);
 }
 
 /// The NV-Tree leaf: unsorted, append-only, published by its count.
@@ -241,7 +370,7 @@ impl LeafFormat for Nv {
         );
     }
 
-    fn build<S: Space>(s: &S, leaf: u64, size: u64, next: u64, elems: &[Elem]) {
+    fn build<S: Space>(s: &S, leaf: u64, size: u64, next: u64, elems: &[Slot]) {
         assert!(elems.len() as u64 <= nv::capacity(size));
         let used = nv::ELEMS_OFF + elems.len() as u64 * nv::ELEM_SIZE;
         let mut buf = vec![0u8; used as usize];

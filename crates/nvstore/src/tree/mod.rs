@@ -16,7 +16,7 @@
 pub mod index;
 pub mod leaf;
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::marker::PhantomData;
 use std::ops::Bound as RB;
 use std::path::PathBuf;
@@ -33,7 +33,7 @@ use crate::error::{Error, Result};
 use crate::format::header;
 use crate::pmem::{points, Space};
 use index::{Bound, Entry, Found, Index, Pln, PLN_CAPACITY};
-use leaf::{Elem, LeafFormat, Lookup};
+use leaf::{LeafFormat, Lookup, Slot};
 
 /// Largest key, in bytes.
 pub const MAX_KEY: usize = 64 * 1024;
@@ -235,33 +235,6 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
         }
     }
 
-    /// Valid elements of a leaf (newest positive per key), in append order,
-    /// and the blobs of the elements left behind.
-    fn valid_elements(&self, off: u64, n: u64) -> (Vec<Elem>, Vec<u64>) {
-        let all: Vec<Elem> = (0..n).map(|i| L::element(&*self.space, off, i)).collect();
-        let mut newest: HashMap<&[u8], usize> = HashMap::with_capacity(all.len());
-        for (i, e) in all.iter().enumerate() {
-            newest.insert(&e.key, i);
-        }
-        let mut keep = vec![false; all.len()];
-        for &i in newest.values() {
-            keep[i] = !all[i].negative();
-        }
-        let kept_blobs: BTreeSet<u64> = all
-            .iter()
-            .zip(&keep)
-            .filter(|(e, k)| **k && e.blob() != 0)
-            .map(|(e, _)| e.blob())
-            .collect();
-        let dropped: BTreeSet<u64> = all
-            .iter()
-            .map(|e| e.blob())
-            .filter(|&b| b != 0 && !kept_blobs.contains(&b))
-            .collect();
-        let valid = all.into_iter().zip(keep).filter(|(_, k)| *k).map(|(e, _)| e).collect();
-        (valid, dropped.into_iter().collect())
-    }
-
     /// Makes room in the full leaf that `key` routes to: split, replace or
     /// merge with the right sibling (seed 000 §4.4).
     fn split(&self, key: &[u8]) -> Result<()> {
@@ -276,29 +249,22 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
         if leaf.dead.load(Ordering::Acquire) || n + 2 <= cap {
             return Ok(()); // someone else made room
         }
-        let (mut valid, mut dropped_blobs) = self.valid_elements(leaf.off, n);
+        let c = leaf::collate(&*self.space, leaf.off, n);
+        let (mut valid, mut dropped_blobs) = (c.valid, c.dropped_blobs);
         let old_next = L::next(&*self.space, leaf.off);
         let min_fill = cap / 2;
 
         // Right sibling in the same PLN, for a merge.
         let right = idx.successor(f.pln, f.pos).filter(|(p, _, _)| *p == f.pln);
         let mut merged: Option<(Entry, parking_lot::MutexGuard<'_, ()>)> = None;
-        let mut new_entries: Vec<(Bound, u64, Vec<Elem>)> = Vec::new();
+        let mut new_entries: Vec<(Bound, u64, Vec<Slot>)> = Vec::new();
         let size = self.node_size;
         let mut to_free = vec![leaf.off];
 
         if valid.len() as u64 >= min_fill {
-            // Split: sort by key, halves to two new leaves.
-            valid.sort_by(|a, b| a.key.cmp(&b.key));
+            // Split: halves (already in key order) to two new leaves.
             let right_half = valid.split_off(valid.len() / 2);
-            let sep = Bound::Key(
-                valid
-                    .last()
-                    .expect("non-empty left half")
-                    .key
-                    .clone()
-                    .into_boxed_slice(),
-            );
+            let sep = Bound::Key(valid.last().expect("non-empty left half").key().into_boxed_slice());
             new_entries.push((sep, 0, valid));
             new_entries.push((f.high.clone(), old_next, right_half));
             self.stats.splits.fetch_add(1, Ordering::Relaxed);
@@ -309,10 +275,9 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
             // Merge with the right sibling into one leaf.
             let rl = r.leaf.lock.lock();
             let rn = r.leaf.durable.load(Ordering::Relaxed);
-            let (rvalid, rdropped) = self.valid_elements(r.leaf.off, rn);
-            valid.extend(rvalid);
-            valid.sort_by(|a, b| a.key.cmp(&b.key));
-            dropped_blobs.extend(rdropped);
+            let rc = leaf::collate(&*self.space, r.leaf.off, rn);
+            valid.extend(rc.valid); // every key of the right sibling is above the left's
+            dropped_blobs.extend(rc.dropped_blobs);
             let r_next = L::next(&*self.space, r.leaf.off);
             new_entries.push((r.max.clone(), r_next, valid));
             to_free.push(r.leaf.off);
@@ -320,7 +285,6 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
             self.stats.merges.fetch_add(1, Ordering::Relaxed);
         } else {
             // Replace: the valid elements alone in a new leaf.
-            valid.sort_by(|a, b| a.key.cmp(&b.key));
             new_entries.push((f.high.clone(), old_next, valid));
             self.stats.replaces.fetch_add(1, Ordering::Relaxed);
         }
@@ -419,20 +383,20 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
             .fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
     }
 
-    /// Sorted (key, value) pairs of one leaf within the range.
-    fn leaf_pairs(&self, f: &Found, lo: &KeyBound, hi: &KeyBound) -> Vec<(Vec<u8>, Vec<u8>)> {
+    /// The live elements of one leaf within the range, in key order. Values
+    /// that live in blobs are read now, while the epoch is pinned; inline
+    /// keys and values are materialised only when the iterator yields them.
+    fn leaf_range(&self, f: &Found, lo: &KeyBound, hi: &KeyBound) -> Vec<Pending> {
         let n = f.leaf.durable.load(Ordering::Acquire);
-        let (valid, _) = self.valid_elements(f.leaf.off, n);
-        let mut out: Vec<(Vec<u8>, Vec<u8>)> = valid
+        leaf::collate(&*self.space, f.leaf.off, n)
+            .valid
             .into_iter()
-            .filter(|e| in_range(&e.key, lo, hi))
+            .filter(|e| slot_in_range(e, lo, hi))
             .map(|e| {
-                let v = leaf::element_value(&*self.space, &e.words);
-                (e.key, v)
+                let blob_value = e.value_in_blob().then(|| leaf::element_value(&*self.space, &e.words));
+                Pending { slot: e, blob_value }
             })
-            .collect();
-        out.sort_by(|a, b| a.0.cmp(&b.0));
-        out
+            .collect()
     }
 
     /// Iterator over `[lo, hi]` in key order (or reverse), reading one leaf at a time.
@@ -474,6 +438,37 @@ fn check_sizes(key: &[u8], value: &[u8]) -> Result<()> {
     Ok(())
 }
 
+/// An element found by a range scan, not yet turned into a (key, value) pair.
+struct Pending {
+    slot: Slot,
+    blob_value: Option<Vec<u8>>,
+}
+
+impl Pending {
+    fn into_pair(self) -> (Vec<u8>, Vec<u8>) {
+        let v = match self.blob_value {
+            Some(v) => v,
+            None => self.slot.inline_value().expect("inline value"),
+        };
+        (self.slot.key(), v)
+    }
+}
+
+fn slot_in_range(e: &Slot, lo: &KeyBound, hi: &KeyBound) -> bool {
+    use std::cmp::Ordering::*;
+    let above = match lo {
+        RB::Unbounded => true,
+        RB::Included(l) => e.cmp_bytes(l) != Less,
+        RB::Excluded(l) => e.cmp_bytes(l) == Greater,
+    };
+    above
+        && match hi {
+            RB::Unbounded => true,
+            RB::Included(h) => e.cmp_bytes(h) != Greater,
+            RB::Excluded(h) => e.cmp_bytes(h) == Less,
+        }
+}
+
 pub fn in_range(k: &[u8], lo: &KeyBound, hi: &KeyBound) -> bool {
     let above = match lo {
         RB::Unbounded => true,
@@ -495,8 +490,8 @@ pub struct RangeIter<S: Space, L: LeafFormat> {
     lo: KeyBound,
     hi: KeyBound,
     reverse: bool,
-    /// Pending pairs, in reverse of the order they are yielded.
-    buf: Vec<(Vec<u8>, Vec<u8>)>,
+    /// Pending elements, in reverse of the order they are yielded.
+    buf: Vec<Pending>,
     done: bool,
 }
 
@@ -523,7 +518,7 @@ impl<S: Space, L: LeafFormat> RangeIter<S, L> {
                     RB::Excluded(k) => idx.find_gt(k),
                 }
             };
-            let mut pairs = self.tree.leaf_pairs(&f, &self.lo, &self.hi);
+            let mut pairs = self.tree.leaf_range(&f, &self.lo, &self.hi);
             if self.reverse {
                 // buf pops from the end: keep ascending so the largest comes first.
                 self.buf = pairs;
@@ -549,6 +544,6 @@ impl<S: Space, L: LeafFormat> Iterator for RangeIter<S, L> {
     type Item = (Vec<u8>, Vec<u8>);
     fn next(&mut self) -> Option<Self::Item> {
         self.refill();
-        self.buf.pop()
+        self.buf.pop().map(Pending::into_pair)
     }
 }

@@ -1,0 +1,150 @@
+//! The adapter for nvstore itself: the NV-Tree of Yang et al. (NV-Tree: A
+//! Consistent and Workload-adaptive Tree Structure for NVM; FAST'15) as built
+//! in `crates/nvstore`, behind the same [`BenchIndex`] interface.
+//!
+//! Layout: see `crates/nvstore/src/format/leaf_nv.rs` (unsorted append-only
+//! leaves of 32-byte elements published by one count word; DRAM inner
+//! nodes). Keys are 8-byte big-endian (so byte order is key order) or, with
+//! `KeyKind::String`, `user` + 20 zero-padded decimal digits; values are the
+//! 8 bytes of the u64, little-endian.
+//!
+//! `update` is a `get` followed by a `put`: `Db` has no "replace if present"
+//! call, so the tree pays one extra DRAM lookup per update (no extra flush).
+
+use std::path::Path;
+
+use crate::engine::{BenchIndex, EngineStats, KeyKind};
+use nvstore::pmem::Space;
+use nvstore::{Db, LeafFormat, Options, Result};
+
+/// nvstore's `Db` as a benchmark engine.
+pub struct TreeEngine<S: Space> {
+    db: Db<S>,
+    kind: KeyKind,
+    leaf: &'static str,
+}
+
+/// Encoded key: up to 24 bytes on the stack.
+struct Key {
+    buf: [u8; 24],
+    len: usize,
+}
+
+impl Key {
+    #[inline]
+    fn bytes(&self) -> &[u8] {
+        &self.buf[..self.len]
+    }
+}
+
+impl<S: Space> TreeEngine<S> {
+    /// Writes a fresh pool into the zeroed `space` (`path` names it in messages).
+    pub fn create(space: S, path: &Path, node_size: u32, leaf: LeafFormat, kind: KeyKind) -> Result<TreeEngine<S>> {
+        let opts = Options {
+            node_size,
+            leaf,
+            ..Options::default()
+        };
+        let db = Db::create_in(space, path, &opts)?;
+        Ok(TreeEngine {
+            db,
+            kind,
+            leaf: leaf.as_str(),
+        })
+    }
+
+    pub fn db(&self) -> &Db<S> {
+        &self.db
+    }
+
+    #[inline]
+    fn key(&self, k: u64) -> Key {
+        let mut buf = [0u8; 24];
+        match self.kind {
+            KeyKind::U64 => {
+                buf[..8].copy_from_slice(&k.to_be_bytes());
+                Key { buf, len: 8 }
+            }
+            KeyKind::String => {
+                buf[..4].copy_from_slice(b"user");
+                let mut x = k;
+                for i in (4..24).rev() {
+                    buf[i] = b'0' + (x % 10) as u8;
+                    x /= 10;
+                }
+                Key { buf, len: 24 }
+            }
+        }
+    }
+
+    fn decode_key(&self, b: &[u8]) -> u64 {
+        match self.kind {
+            KeyKind::U64 => u64::from_be_bytes(b.try_into().expect("8-byte key")),
+            KeyKind::String => b[4..].iter().fold(0u64, |acc, d| acc * 10 + (d - b'0') as u64),
+        }
+    }
+}
+
+fn decode_value(b: &[u8]) -> u64 {
+    let mut v = [0u8; 8];
+    v[..b.len().min(8)].copy_from_slice(&b[..b.len().min(8)]);
+    u64::from_le_bytes(v)
+}
+
+impl<S: Space> BenchIndex for TreeEngine<S> {
+    fn name(&self) -> &'static str {
+        "tree"
+    }
+    fn insert(&self, key: u64, value: u64) {
+        let k = self.key(key);
+        self.db
+            .put(k.bytes(), &value.to_le_bytes())
+            .unwrap_or_else(|e| panic!("tree: put failed: {e}"));
+    }
+    fn update(&self, key: u64, value: u64) -> bool {
+        let k = self.key(key);
+        if self.db.get(k.bytes()).expect("key size is valid").is_none() {
+            return false;
+        }
+        self.db
+            .put(k.bytes(), &value.to_le_bytes())
+            .unwrap_or_else(|e| panic!("tree: put failed: {e}"));
+        true
+    }
+    fn delete(&self, key: u64) -> bool {
+        let k = self.key(key);
+        self.db
+            .delete(k.bytes())
+            .unwrap_or_else(|e| panic!("tree: delete failed: {e}"))
+    }
+    fn search(&self, key: u64) -> Option<u64> {
+        let k = self.key(key);
+        self.db
+            .get(k.bytes())
+            .expect("key size is valid")
+            .map(|v| decode_value(&v))
+    }
+    fn scan(&self, start: u64, n: usize, out: &mut Vec<(u64, u64)>) {
+        if n == 0 {
+            return;
+        }
+        let k = self.key(start);
+        for (kb, vb) in self.db.range(k.bytes().to_vec()..).take(n) {
+            out.push((self.decode_key(&kb), decode_value(&vb)));
+        }
+    }
+    fn stats(&self) -> EngineStats {
+        let s = self.db.stat();
+        EngineStats {
+            splits: s.splits,
+            rebuilds: s.rebuilds,
+            rebuild_ms: s.rebuild_ms,
+        }
+    }
+    fn concurrent(&self) -> bool {
+        true
+    }
+    fn leaf(&self) -> &'static str {
+        self.leaf
+    }
+}

@@ -1,0 +1,916 @@
+//! Micro-benchmarks (DESIGN §14; NV-Tree §6.2-6.4, Isle-Tree §V): one
+//! operation type over N random 8-byte keys, on every engine, with flushes
+//! and fences per operation counted on the same pmem layer.
+//!
+//! Procedure (the papers'): `insert` inserts N random unique keys with 8-byte
+//! values into an empty index (measured). `update`, `search` and `delete`
+//! first load N keys (not measured), then touch each key once in random
+//! order (measured). `scan` loads N keys, then runs N / scan-len range scans
+//! of scan-len pairs from random loaded keys. `mixed` loads N keys, then runs
+//! N operations on random loaded keys, each a search with probability
+//! `--read-ratio` and an update otherwise (NV-Tree §6.4.1).
+//!
+//! `--locality PCT` (NV-Tree §6.4.2, Fig. 14-15) confines the measured
+//! operations to a hot zone: a contiguous PCT% of the loaded keys in key
+//! order. Then update/search/mixed run N operations on random hot keys,
+//! delete deletes each hot key once, and insert first loads N keys (not
+//! measured) and measures N inserts of new random keys inside the hot zone's
+//! key range. 100 (the default) is the uniform workload above.
+//!
+//! Every operation is timed with `Instant` and recorded in an HDR histogram;
+//! flushes and fences are each worker thread's own counter deltas. Pools are
+//! files in `--pool-dir` (default /dev/shm), unlinked as soon as they are
+//! mapped. Engines that serialise on one lock (every baseline) run on one
+//! thread whatever `--threads` says; the result reports the threads used.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Barrier};
+use std::time::Instant;
+
+use hdrhistogram::Histogram;
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use serde::Serialize;
+
+use crate::baselines::{FastFair, FpTree, TreeEngine, Volatile, WbTree};
+use crate::engine::{BenchIndex, KeyKind};
+use nvstore::pmem::file::FileOptions;
+use nvstore::pmem::{FileSpace, OpenMode, Space, ThreadCounters};
+use nvstore::{Error, LeafFormat, Result};
+
+/// Every engine, in report order; `tree` is nvstore itself.
+pub const ENGINES: &[&str] = &["tree", "volatile", "fptree", "fastfair", "wbtree"];
+
+/// The measured operation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Op {
+    Insert,
+    Update,
+    Delete,
+    Search,
+    Scan,
+    Mixed,
+}
+
+impl Op {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Op::Insert => "insert",
+            Op::Update => "update",
+            Op::Delete => "delete",
+            Op::Search => "search",
+            Op::Scan => "scan",
+            Op::Mixed => "mixed",
+        }
+    }
+}
+
+/// Parses a count with an optional k/M/G suffix (powers of ten): `2000`, `1M`.
+pub fn parse_count(s: &str) -> std::result::Result<u64, String> {
+    let t = s.trim().replace('_', "");
+    let (num, mul) = match t.chars().last() {
+        Some('k' | 'K') => (&t[..t.len() - 1], 1_000),
+        Some('m' | 'M') => (&t[..t.len() - 1], 1_000_000),
+        Some('g' | 'G' | 'b' | 'B') => (&t[..t.len() - 1], 1_000_000_000),
+        _ => (&t[..], 1),
+    };
+    let v: f64 = num
+        .parse()
+        .map_err(|_| format!("'{s}' is not a count (e.g. 2000, 100k, 1M)"))?;
+    if v < 0.0 || !v.is_finite() {
+        return Err(format!("'{s}' is not a count"));
+    }
+    Ok((v * mul as f64).round() as u64)
+}
+
+/// Parses a byte size with an optional K/M suffix (powers of two): `4096`, `4K`.
+pub fn parse_size(s: &str) -> std::result::Result<u64, String> {
+    let t = s.trim().trim_end_matches(['b', 'B']);
+    let (num, mul) = match t.chars().last() {
+        Some('k' | 'K') => (&t[..t.len() - 1], 1u64 << 10),
+        Some('m' | 'M') => (&t[..t.len() - 1], 1u64 << 20),
+        _ => (t, 1),
+    };
+    let v: u64 = num.parse().map_err(|_| format!("'{s}' is not a size (e.g. 512, 4K)"))?;
+    Ok(v * mul)
+}
+
+/// `nvstore bench micro` flags.
+#[derive(clap::Args, Clone, Debug)]
+pub struct MicroArgs {
+    /// Engine: tree, volatile, fptree, fastfair, wbtree; a comma list; or all.
+    #[arg(long, default_value = "tree")]
+    pub engine: String,
+    /// Leaf format of the tree engine (baselines have their own).
+    #[arg(long, default_value = "nv")]
+    pub leaf: String,
+    #[arg(long, value_enum, default_value = "insert")]
+    pub op: Op,
+    /// Number of keys N (k/M suffixes allowed: 1M).
+    #[arg(long, value_parser = parse_count, default_value = "1M")]
+    pub keys: u64,
+    /// Node size in bytes (K suffix allowed: 4K).
+    #[arg(long, value_parser = parse_size, default_value = "1024")]
+    pub node_size: u64,
+    /// Emulated write latency per flushed cache line, in nanoseconds.
+    #[arg(long, default_value_t = 0)]
+    pub latency_ns: u64,
+    /// Worker threads (engines that serialise on one lock use one).
+    #[arg(long, default_value_t = 1)]
+    pub threads: usize,
+    /// Fraction of searches in `--op mixed` (the rest are updates).
+    #[arg(long, default_value_t = 0.5)]
+    pub read_ratio: f64,
+    /// Percentage of the keys (a contiguous hot zone) the measured operations touch.
+    #[arg(long, default_value_t = 100.0)]
+    pub locality: f64,
+    #[arg(long, value_enum, default_value = "u64")]
+    pub key_kind: KeyKind,
+    /// Print one JSON object per line instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// Also write the results as JSON lines into this directory.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Seed of keys, values and operation order.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Pairs per range scan in `--op scan`.
+    #[arg(long, default_value_t = 100)]
+    pub scan_len: usize,
+    /// Directory of the pool files (tmpfs keeps them in DRAM).
+    #[arg(long, default_value = "/dev/shm")]
+    pub pool_dir: PathBuf,
+}
+
+impl Default for MicroArgs {
+    fn default() -> Self {
+        MicroArgs {
+            engine: "tree".into(),
+            leaf: "nv".into(),
+            op: Op::Insert,
+            keys: 1_000_000,
+            node_size: 1024,
+            latency_ns: 0,
+            threads: 1,
+            read_ratio: 0.5,
+            locality: 100.0,
+            key_kind: KeyKind::U64,
+            json: false,
+            out: None,
+            seed: 1,
+            scan_len: 100,
+            pool_dir: "/dev/shm".into(),
+        }
+    }
+}
+
+/// `nvstore bench compare` flags.
+#[derive(clap::Args, Clone, Debug)]
+pub struct CompareArgs {
+    #[arg(long, value_enum, default_value = "insert")]
+    pub op: Op,
+    /// Number of keys N (k/M suffixes allowed).
+    #[arg(long, value_parser = parse_count, default_value = "1M")]
+    pub keys: u64,
+    /// Emulated write latency per flushed cache line, in nanoseconds.
+    #[arg(long, default_value_t = 0)]
+    pub latency_ns: u64,
+    /// Node size in bytes (K suffix allowed).
+    #[arg(long, value_parser = parse_size, default_value = "1024")]
+    pub node_size: u64,
+    /// Print one JSON object per line instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// Also write the results as JSON lines into this directory.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Repetitions; engines are interleaved, their order rotated each time.
+    #[arg(long, default_value_t = 3)]
+    pub reps: usize,
+    /// Engines to compare (comma list); tree is always included.
+    #[arg(long, default_value = "all")]
+    pub engines: String,
+    /// Fraction of searches in `--op mixed`.
+    #[arg(long, default_value_t = 0.5)]
+    pub read_ratio: f64,
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Pairs per range scan in `--op scan`.
+    #[arg(long, default_value_t = 100)]
+    pub scan_len: usize,
+    /// Directory of the pool files.
+    #[arg(long, default_value = "/dev/shm")]
+    pub pool_dir: PathBuf,
+}
+
+impl Default for CompareArgs {
+    fn default() -> Self {
+        CompareArgs {
+            op: Op::Insert,
+            keys: 1_000_000,
+            latency_ns: 0,
+            node_size: 1024,
+            json: false,
+            out: None,
+            reps: 3,
+            engines: "all".into(),
+            read_ratio: 0.5,
+            seed: 1,
+            scan_len: 100,
+            pool_dir: "/dev/shm".into(),
+        }
+    }
+}
+
+/// How to build an engine.
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    pub node_size: u64,
+    pub latency_ns: u64,
+    pub leaf: LeafFormat,
+    pub key_kind: KeyKind,
+    pub pool_dir: PathBuf,
+    /// Initial pool size (pools grow on demand).
+    pub pool_size: u64,
+}
+
+impl EngineConfig {
+    pub fn new(node_size: u64) -> EngineConfig {
+        EngineConfig {
+            node_size,
+            latency_ns: 0,
+            leaf: LeafFormat::Nv,
+            key_kind: KeyKind::U64,
+            pool_dir: "/dev/shm".into(),
+            pool_size: 64 << 20,
+        }
+    }
+}
+
+/// Initial pool size for N keys (pools grow on demand; this avoids growing
+/// during most runs without reserving much more than needed).
+pub fn pool_size_for(keys: u64) -> u64 {
+    (keys * 48).max(64 << 20).next_multiple_of(2 << 20)
+}
+
+/// Builds engine `name` over `space` (`path` names the pool in messages).
+pub fn engine_in<S: Space>(name: &str, space: S, path: &Path, cfg: &EngineConfig) -> Result<Box<dyn BenchIndex>> {
+    if cfg.key_kind == KeyKind::String && name != "tree" {
+        return Err(Error::InvalidOption(format!(
+            "engine {name} stores 8-byte keys only; --key-kind string needs --engine tree"
+        )));
+    }
+    let ns = cfg.node_size;
+    Ok(match name {
+        "tree" => {
+            let ns32 = u32::try_from(ns).map_err(|_| Error::InvalidOption(format!("node size {ns} is too large")))?;
+            Box::new(TreeEngine::create(space, path, ns32, cfg.leaf, cfg.key_kind)?)
+        }
+        "volatile" => Box::new(Volatile::new(ns)),
+        "fptree" => Box::new(FpTree::new(Arc::new(space), ns)?),
+        "fastfair" => Box::new(FastFair::new(Arc::new(space), ns)?),
+        "wbtree" => Box::new(WbTree::new(Arc::new(space), ns)?),
+        _ => return Err(unknown_engine(name)),
+    })
+}
+
+fn unknown_engine(name: &str) -> Error {
+    Error::InvalidOption(format!(
+        "unknown engine '{name}' (expected one of {} or all)",
+        ENGINES.join(", ")
+    ))
+}
+
+static POOL_SEQ: AtomicU64 = AtomicU64::new(0);
+
+/// Builds engine `name` on a fresh pool file in `cfg.pool_dir` (the volatile
+/// engine uses none). The file is unlinked as soon as it is mapped.
+pub fn open_engine(name: &str, cfg: &EngineConfig) -> Result<Box<dyn BenchIndex>> {
+    if !ENGINES.contains(&name) {
+        return Err(unknown_engine(name));
+    }
+    if name == "volatile" {
+        if cfg.key_kind == KeyKind::String {
+            return Err(Error::InvalidOption(
+                "engine volatile stores 8-byte keys only; --key-kind string needs --engine tree".into(),
+            ));
+        }
+        return Ok(Box::new(Volatile::new(cfg.node_size)));
+    }
+    let path = cfg.pool_dir.join(format!(
+        "nvstore-bench-{}-{}-{}.pool",
+        std::process::id(),
+        name,
+        POOL_SEQ.fetch_add(1, Ordering::Relaxed)
+    ));
+    let fo = FileOptions {
+        mode: OpenMode::Create { size: cfg.pool_size },
+        latency_ns: cfg.latency_ns,
+        ..FileOptions::default()
+    };
+    let space = FileSpace::open(&path, &fo)?;
+    // The mapping keeps the pages; nothing is left behind if we crash.
+    let _ = std::fs::remove_file(&path);
+    engine_in(name, space, &path, cfg)
+}
+
+/// One measured run.
+#[derive(Clone, Debug)]
+pub struct Workload {
+    pub op: Op,
+    pub keys: u64,
+    pub threads: usize,
+    pub read_ratio: f64,
+    pub locality: f64,
+    pub seed: u64,
+    pub scan_len: usize,
+}
+
+impl Workload {
+    pub fn new(op: Op, keys: u64) -> Workload {
+        Workload {
+            op,
+            keys,
+            threads: 1,
+            read_ratio: 0.5,
+            locality: 100.0,
+            seed: 1,
+            scan_len: 100,
+        }
+    }
+}
+
+/// One engine's result (one JSON object per line with `--json`).
+#[derive(Clone, Debug, Serialize)]
+pub struct MicroResult {
+    pub engine: String,
+    pub leaf: String,
+    pub op: Op,
+    pub keys: u64,
+    pub threads: usize,
+    pub node_size: u64,
+    /// Emulated write latency per flushed line (the `--latency-ns` setting).
+    pub latency_ns: u64,
+    pub ops_per_sec: f64,
+    pub flushes_per_op: f64,
+    pub fences_per_op: f64,
+    pub p50_ns: u64,
+    pub p99_ns: u64,
+    pub p999_ns: u64,
+    /// Leaf splits during the measured phase.
+    pub splits: u64,
+    pub rebuilds: u64,
+    pub rebuild_ms: f64,
+}
+
+/// splitmix64's finalizer: a bijection on u64.
+#[inline]
+fn mix(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// The i-th benchmark key: distinct for distinct i (a bijection of i).
+#[inline]
+pub fn key_at(seed: u64, i: u64) -> u64 {
+    mix(i.wrapping_add(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15)))
+}
+
+/// A non-zero value for `key` in round `round` (0 = the load; measured
+/// updates use later rounds, so they change every value).
+#[inline]
+pub fn value_of(seed: u64, key: u64, round: u64) -> u64 {
+    mix(key ^ mix(round ^ seed.rotate_left(17) ^ 0x5555_0000_aaaa)) | 1
+}
+
+/// What measured operation `j` does: the workload's op, or for `mixed` a
+/// search with probability `read_ratio` and an update otherwise.
+#[inline]
+fn kind_of(w: &Workload, j: u64) -> Op {
+    match w.op {
+        Op::Mixed => {
+            let u = (mix(j ^ w.seed.rotate_left(29) ^ 0x1234_5678) >> 11) as f64 / (1u64 << 53) as f64;
+            if u < w.read_ratio {
+                Op::Search
+            } else {
+                Op::Update
+            }
+        }
+        op => op,
+    }
+}
+
+/// Loads the first `n` keys (not measured).
+fn load(engine: &dyn BenchIndex, seed: u64, n: u64) {
+    for i in 0..n {
+        let k = key_at(seed, i);
+        engine.insert(k, value_of(seed, k, 0));
+    }
+}
+
+/// How many keys to load first, and the key of each measured operation (8
+/// bytes per operation, so 100M-key runs fit).
+fn plan(w: &Workload) -> (u64, Vec<u64>) {
+    let n = w.keys;
+    let mut rng = StdRng::seed_from_u64(w.seed ^ 0x0bad_cafe);
+    let uniform = w.locality >= 100.0;
+    // The hot zone: indices of a contiguous run of the loaded keys in key order.
+    let hot: Vec<u64> = if uniform || n == 0 {
+        Vec::new()
+    } else {
+        let mut idx: Vec<u64> = (0..n).collect();
+        idx.sort_unstable_by_key(|&i| key_at(w.seed, i));
+        let h = ((n as f64 * w.locality / 100.0).ceil() as u64).clamp(1, n);
+        let start = rng.gen_range(0..=n - h) as usize;
+        idx.truncate(start + h as usize);
+        idx.drain(..start);
+        idx
+    };
+    let each_once = |rng: &mut StdRng| -> Vec<u64> {
+        let mut v: Vec<u64> = if uniform {
+            (0..n).map(|i| key_at(w.seed, i)).collect()
+        } else {
+            hot.iter().map(|&i| key_at(w.seed, i)).collect()
+        };
+        v.shuffle(rng);
+        v
+    };
+    let random_loaded = |rng: &mut StdRng, count: u64| -> Vec<u64> {
+        (0..count)
+            .map(|_| {
+                let i = if uniform {
+                    rng.gen_range(0..n)
+                } else {
+                    hot[rng.gen_range(0..hot.len())]
+                };
+                key_at(w.seed, i)
+            })
+            .collect()
+    };
+    match w.op {
+        Op::Insert if uniform => (0, (0..n).map(|i| key_at(w.seed, i)).collect()),
+        Op::Insert => {
+            let lo = hot.iter().map(|&i| key_at(w.seed, i)).min().unwrap_or(0);
+            let hi = hot.iter().map(|&i| key_at(w.seed, i)).max().unwrap_or(u64::MAX);
+            (n, (0..n).map(|_| rng.gen_range(lo..=hi)).collect())
+        }
+        Op::Update | Op::Search if uniform => (n, each_once(&mut rng)),
+        Op::Delete => (n, each_once(&mut rng)),
+        Op::Update | Op::Search | Op::Mixed => (n, random_loaded(&mut rng, n)),
+        Op::Scan => {
+            let scans = (n / w.scan_len.max(1) as u64).max(1);
+            (n, random_loaded(&mut rng, scans))
+        }
+    }
+}
+
+fn new_histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 3_600_000_000_000, 3).expect("valid histogram bounds")
+}
+
+/// Runs workload `w` on a freshly built `engine` and measures it.
+pub fn measure(engine: &dyn BenchIndex, w: &Workload, cfg: &EngineConfig) -> MicroResult {
+    let (preload, steps) = plan(w);
+    load(engine, w.seed, preload);
+    let threads = if engine.concurrent() { w.threads.max(1) } else { 1 };
+    let before = engine.stats();
+    let scan_len = w.scan_len;
+    let chunk = steps.len().div_ceil(threads).max(1);
+    let barrier = Barrier::new(threads + 1);
+    let (wall, per_thread) = std::thread::scope(|s| {
+        let handles: Vec<_> = steps
+            .chunks(chunk)
+            .enumerate()
+            .map(|(c, part)| {
+                let barrier = &barrier;
+                let base = c * chunk;
+                s.spawn(move || {
+                    let mut h = new_histogram();
+                    let mut out = Vec::with_capacity(scan_len);
+                    let mut misses = 0u64;
+                    let c0 = ThreadCounters::get();
+                    barrier.wait();
+                    for (j, &k) in part.iter().enumerate() {
+                        let j = (base + j) as u64;
+                        let t = Instant::now();
+                        match kind_of(w, j) {
+                            Op::Insert => engine.insert(k, value_of(w.seed, k, 0)),
+                            Op::Update => {
+                                if !engine.update(k, value_of(w.seed, k, 1 + j)) {
+                                    misses += 1;
+                                }
+                            }
+                            Op::Delete => {
+                                if !engine.delete(k) {
+                                    misses += 1;
+                                }
+                            }
+                            Op::Search => {
+                                if std::hint::black_box(engine.search(k)).is_none() {
+                                    misses += 1;
+                                }
+                            }
+                            Op::Scan => {
+                                out.clear();
+                                engine.scan(k, scan_len, &mut out);
+                                std::hint::black_box(&out);
+                            }
+                            Op::Mixed => unreachable!("kind_of resolves mixed"),
+                        }
+                        h.saturating_record(t.elapsed().as_nanos().max(1) as u64);
+                    }
+                    (h, ThreadCounters::get().since(c0), misses)
+                })
+            })
+            .collect();
+        // Threads beyond the number of chunks never start; release the barrier anyway.
+        for _ in handles.len()..threads {
+            s.spawn(|| barrier.wait());
+        }
+        barrier.wait();
+        let t0 = Instant::now();
+        let per: Vec<_> = handles
+            .into_iter()
+            .map(|h| h.join().expect("worker panicked"))
+            .collect();
+        (t0.elapsed(), per)
+    });
+    let mut hist = new_histogram();
+    let (mut flushes, mut fences, mut misses) = (0u64, 0u64, 0u64);
+    for (h, c, m) in &per_thread {
+        hist.add(h).expect("same histogram bounds");
+        flushes += c.flushes;
+        fences += c.fences;
+        misses += m;
+    }
+    // Every measured update, delete and search targets a loaded key.
+    assert_eq!(
+        misses,
+        0,
+        "{}: {} of {} {} operations missed a loaded key",
+        engine.name(),
+        misses,
+        steps.len(),
+        w.op.as_str()
+    );
+    let after = engine.stats();
+    let ops = steps.len().max(1) as f64;
+    MicroResult {
+        engine: engine.name().to_string(),
+        leaf: engine.leaf().to_string(),
+        op: w.op,
+        keys: w.keys,
+        threads,
+        node_size: cfg.node_size,
+        latency_ns: cfg.latency_ns,
+        ops_per_sec: steps.len() as f64 / wall.as_secs_f64().max(1e-9),
+        flushes_per_op: flushes as f64 / ops,
+        fences_per_op: fences as f64 / ops,
+        p50_ns: hist.value_at_quantile(0.50),
+        p99_ns: hist.value_at_quantile(0.99),
+        p999_ns: hist.value_at_quantile(0.999),
+        splits: after.splits - before.splits,
+        rebuilds: after.rebuilds - before.rebuilds,
+        rebuild_ms: after.rebuild_ms - before.rebuild_ms,
+    }
+}
+
+/// Builds an engine with `make` and measures workload `w` on it.
+pub fn run_with<F>(make: F, w: &Workload, cfg: &EngineConfig) -> Result<MicroResult>
+where
+    F: FnOnce() -> Result<Box<dyn BenchIndex>>,
+{
+    let engine = make()?;
+    let r = measure(&*engine, w, cfg);
+    drop(engine);
+    Ok(r)
+}
+
+/// Engine names from `all` or a comma list.
+pub fn parse_engines(s: &str) -> Result<Vec<&'static str>> {
+    if s.trim() == "all" {
+        return Ok(ENGINES.to_vec());
+    }
+    s.split(',')
+        .map(|e| {
+            let e = e.trim();
+            ENGINES
+                .iter()
+                .copied()
+                .find(|&x| x == e)
+                .ok_or_else(|| unknown_engine(e))
+        })
+        .collect()
+}
+
+fn check_common(keys: u64, read_ratio: f64, scan_len: usize) -> Result<()> {
+    if keys == 0 {
+        return Err(Error::InvalidOption("--keys must be at least 1".into()));
+    }
+    if !(0.0..=1.0).contains(&read_ratio) {
+        return Err(Error::InvalidOption(format!(
+            "--read-ratio {read_ratio} must be between 0 and 1"
+        )));
+    }
+    if scan_len == 0 {
+        return Err(Error::InvalidOption("--scan-len must be at least 1".into()));
+    }
+    Ok(())
+}
+
+/// `nvstore bench micro`: one result per engine.
+pub fn run_micro(args: &MicroArgs) -> Result<Vec<MicroResult>> {
+    check_common(args.keys, args.read_ratio, args.scan_len)?;
+    if !(args.locality > 0.0 && args.locality <= 100.0) {
+        return Err(Error::InvalidOption(format!(
+            "--locality {} must be in (0, 100]",
+            args.locality
+        )));
+    }
+    let leaf: LeafFormat = args.leaf.parse().map_err(Error::InvalidOption)?;
+    let engines = parse_engines(&args.engine)?;
+    let cfg = EngineConfig {
+        node_size: args.node_size,
+        latency_ns: args.latency_ns,
+        leaf,
+        key_kind: args.key_kind,
+        pool_dir: args.pool_dir.clone(),
+        pool_size: pool_size_for(args.keys),
+    };
+    let w = Workload {
+        op: args.op,
+        keys: args.keys,
+        threads: args.threads.max(1),
+        read_ratio: args.read_ratio,
+        locality: args.locality,
+        seed: args.seed,
+        scan_len: args.scan_len,
+    };
+    engines
+        .into_iter()
+        .map(|e| run_with(|| open_engine(e, &cfg), &w, &cfg))
+        .collect()
+}
+
+/// One engine's line of `nvstore bench compare`.
+#[derive(Clone, Debug, Serialize)]
+pub struct CompareResult {
+    pub engine: String,
+    pub leaf: String,
+    pub op: Op,
+    pub keys: u64,
+    pub node_size: u64,
+    pub latency_ns: u64,
+    pub reps: usize,
+    /// Medians over the repetitions.
+    pub ops_per_sec: f64,
+    pub flushes_per_op: f64,
+    pub fences_per_op: f64,
+    pub p50_ns: u64,
+    pub p99_ns: u64,
+    pub p999_ns: u64,
+    pub splits: u64,
+    /// Median over repetitions of (this engine's ops/s) / (tree's ops/s in the same repetition).
+    pub ratio_vs_nv: f64,
+    /// Every repetition's ops/s, in repetition order.
+    pub ops_per_sec_reps: Vec<f64>,
+}
+
+fn median_f(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(|a, b| a.total_cmp(b));
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+fn median_u(v: Vec<u64>) -> u64 {
+    median_f(v.into_iter().map(|x| x as f64).collect()).round() as u64
+}
+
+/// `nvstore bench compare`: every engine, repetitions interleaved with the
+/// engine order rotated, each engine's ratio to the tree paired per repetition.
+pub fn run_compare(args: &CompareArgs) -> Result<Vec<CompareResult>> {
+    check_common(args.keys, args.read_ratio, args.scan_len)?;
+    let mut engines = parse_engines(&args.engines)?;
+    if !engines.contains(&"tree") {
+        engines.insert(0, "tree");
+    }
+    let reps = args.reps.max(1);
+    let cfg = EngineConfig {
+        node_size: args.node_size,
+        latency_ns: args.latency_ns,
+        leaf: LeafFormat::Nv,
+        key_kind: KeyKind::U64,
+        pool_dir: args.pool_dir.clone(),
+        pool_size: pool_size_for(args.keys),
+    };
+    let w = Workload {
+        op: args.op,
+        keys: args.keys,
+        threads: 1,
+        read_ratio: args.read_ratio,
+        locality: 100.0,
+        seed: args.seed,
+        scan_len: args.scan_len,
+    };
+    // runs[engine][rep]; repetition `rep` starts with engine `rep % engines`.
+    let mut runs: Vec<Vec<MicroResult>> = vec![Vec::with_capacity(reps); engines.len()];
+    for rep in 0..reps {
+        for j in 0..engines.len() {
+            let e = (j + rep) % engines.len();
+            let r = run_with(|| open_engine(engines[e], &cfg), &w, &cfg)?;
+            runs[e].push(r);
+        }
+    }
+    let tree_i = engines.iter().position(|&e| e == "tree").expect("tree is included");
+    let tree_ops: Vec<f64> = runs[tree_i].iter().map(|r| r.ops_per_sec).collect();
+    Ok(engines
+        .iter()
+        .zip(&runs)
+        .map(|(_, rs)| {
+            let first = &rs[0];
+            let ratios: Vec<f64> = rs.iter().zip(&tree_ops).map(|(r, t)| r.ops_per_sec / t).collect();
+            CompareResult {
+                engine: first.engine.clone(),
+                leaf: first.leaf.clone(),
+                op: first.op,
+                keys: first.keys,
+                node_size: first.node_size,
+                latency_ns: first.latency_ns,
+                reps,
+                ops_per_sec: median_f(rs.iter().map(|r| r.ops_per_sec).collect()),
+                flushes_per_op: median_f(rs.iter().map(|r| r.flushes_per_op).collect()),
+                fences_per_op: median_f(rs.iter().map(|r| r.fences_per_op).collect()),
+                p50_ns: median_u(rs.iter().map(|r| r.p50_ns).collect()),
+                p99_ns: median_u(rs.iter().map(|r| r.p99_ns).collect()),
+                p999_ns: median_u(rs.iter().map(|r| r.p999_ns).collect()),
+                splits: median_u(rs.iter().map(|r| r.splits).collect()),
+                ratio_vs_nv: median_f(ratios),
+                ops_per_sec_reps: rs.iter().map(|r| r.ops_per_sec).collect(),
+            }
+        })
+        .collect())
+}
+
+/// One JSON object per line.
+pub fn print_json_lines<T: Serialize>(items: &[T], out: &mut dyn Write) -> std::io::Result<()> {
+    for it in items {
+        serde_json::to_writer(&mut *out, it).map_err(std::io::Error::other)?;
+        writeln!(out)?;
+    }
+    Ok(())
+}
+
+fn fmt_ops(v: f64) -> String {
+    if v >= 1e6 {
+        format!("{:.2}M", v / 1e6)
+    } else if v >= 1e3 {
+        format!("{:.1}k", v / 1e3)
+    } else {
+        format!("{v:.0}")
+    }
+}
+
+/// A table of micro results.
+pub fn print_micro_table(rs: &[MicroResult], out: &mut dyn Write) -> std::io::Result<()> {
+    writeln!(
+        out,
+        "{:<9} {:<12} {:<7} {:>9} {:>3} {:>6} {:>6} {:>9} {:>8} {:>8} {:>8} {:>8} {:>9} {:>7} {:>4} {:>9}",
+        "engine",
+        "leaf",
+        "op",
+        "keys",
+        "thr",
+        "node",
+        "lat",
+        "ops/s",
+        "flush/op",
+        "fence/op",
+        "p50",
+        "p99",
+        "p99.9",
+        "splits",
+        "rbld",
+        "rbld_ms"
+    )?;
+    for r in rs {
+        writeln!(
+            out,
+            "{:<9} {:<12} {:<7} {:>9} {:>3} {:>6} {:>6} {:>9} {:>8.2} {:>8.2} {:>8} {:>8} {:>9} {:>7} {:>4} {:>9.1}",
+            r.engine,
+            r.leaf,
+            r.op.as_str(),
+            r.keys,
+            r.threads,
+            r.node_size,
+            r.latency_ns,
+            fmt_ops(r.ops_per_sec),
+            r.flushes_per_op,
+            r.fences_per_op,
+            r.p50_ns,
+            r.p99_ns,
+            r.p999_ns,
+            r.splits,
+            r.rebuilds,
+            r.rebuild_ms
+        )?;
+    }
+    Ok(())
+}
+
+/// A table of compare results.
+pub fn print_compare_table(rs: &[CompareResult], out: &mut dyn Write) -> std::io::Result<()> {
+    if let Some(r) = rs.first() {
+        writeln!(
+            out,
+            "{} of {} keys, {} B nodes, {} ns/line, median of {} interleaved repetitions",
+            r.op.as_str(),
+            r.keys,
+            r.node_size,
+            r.latency_ns,
+            r.reps
+        )?;
+    }
+    writeln!(
+        out,
+        "{:<9} {:<12} {:>9} {:>8} {:>8} {:>8} {:>8} {:>9} {:>7} {:>8}",
+        "engine", "leaf", "ops/s", "flush/op", "fence/op", "p50", "p99", "p99.9", "splits", "vs tree"
+    )?;
+    for r in rs {
+        writeln!(
+            out,
+            "{:<9} {:<12} {:>9} {:>8.2} {:>8.2} {:>8} {:>8} {:>9} {:>7} {:>7.2}x",
+            r.engine,
+            r.leaf,
+            fmt_ops(r.ops_per_sec),
+            r.flushes_per_op,
+            r.fences_per_op,
+            r.p50_ns,
+            r.p99_ns,
+            r.p999_ns,
+            r.splits,
+            r.ratio_vs_nv
+        )?;
+    }
+    Ok(())
+}
+
+fn write_out<T: Serialize>(dir: &Path, name: &str, items: &[T]) -> Result<PathBuf> {
+    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    let path = dir.join(name);
+    let mut f = std::fs::File::create(&path).map_err(|e| Error::io(&path, e))?;
+    print_json_lines(items, &mut f).map_err(|e| Error::io(&path, e))?;
+    Ok(path)
+}
+
+/// `nvstore bench micro`: runs, prints a table (or JSON lines with
+/// `--json`) to `out`, and writes JSON lines into `--out DIR`.
+pub fn micro_main(args: &MicroArgs, out: &mut dyn Write) -> Result<Vec<MicroResult>> {
+    let rs = run_micro(args)?;
+    let stdout_err = |e| Error::io("<stdout>", e);
+    if args.json {
+        print_json_lines(&rs, out).map_err(stdout_err)?;
+    } else {
+        print_micro_table(&rs, out).map_err(stdout_err)?;
+    }
+    if let Some(dir) = &args.out {
+        let name = format!(
+            "micro-{}-{}-{}-{}.jsonl",
+            args.engine.replace(',', "+"),
+            args.op.as_str(),
+            args.keys,
+            args.node_size
+        );
+        write_out(dir, &name, &rs)?;
+    }
+    Ok(rs)
+}
+
+/// `nvstore bench compare`: runs, prints a table (or JSON lines), and writes
+/// JSON lines into `--out DIR`.
+pub fn compare_main(args: &CompareArgs, out: &mut dyn Write) -> Result<Vec<CompareResult>> {
+    let rs = run_compare(args)?;
+    let stdout_err = |e| Error::io("<stdout>", e);
+    if args.json {
+        print_json_lines(&rs, out).map_err(stdout_err)?;
+    } else {
+        print_compare_table(&rs, out).map_err(stdout_err)?;
+    }
+    if let Some(dir) = &args.out {
+        let name = format!("compare-{}-{}-{}.jsonl", args.op.as_str(), args.keys, args.node_size);
+        write_out(dir, &name, &rs)?;
+    }
+    Ok(rs)
+}

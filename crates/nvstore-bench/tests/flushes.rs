@@ -1,0 +1,147 @@
+//! Each engine's characteristic flush and fence counts per operation,
+//! deterministic on the crash simulator's space (ThreadCounters deltas).
+
+use std::path::Path;
+
+use nvstore::pmem::{Counters, SimSpace, ThreadCounters};
+use nvstore_bench::micro::{engine_in, EngineConfig};
+use nvstore_bench::BenchIndex;
+
+fn engine(name: &str, node_size: u64) -> Box<dyn BenchIndex> {
+    engine_in(
+        name,
+        SimSpace::new(1 << 20),
+        Path::new("sim"),
+        &EngineConfig::new(node_size),
+    )
+    .unwrap()
+}
+
+fn cost(f: impl FnOnce()) -> (u64, u64) {
+    let before = ThreadCounters::get();
+    f();
+    let d: Counters = ThreadCounters::get().since(before);
+    (d.flushes, d.fences)
+}
+
+/// Scattered keys (no split for the first few dozen in a fresh tree).
+fn key(i: u64) -> u64 {
+    i.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+}
+
+#[test]
+fn volatile_never_flushes() {
+    let e = engine("volatile", 1024);
+    for i in 0..1000 {
+        assert_eq!(cost(|| e.insert(key(i), i + 1)), (0, 0));
+    }
+    assert_eq!(cost(|| assert!(e.update(key(3), 9))), (0, 0));
+    assert_eq!(cost(|| assert!(e.delete(key(3)))), (0, 0));
+}
+
+#[test]
+fn tree_insert_is_two_lines_two_fences() {
+    let e = engine("tree", 4096);
+    for i in 0..100 {
+        assert_eq!(cost(|| e.insert(key(i), i + 1)), (2, 2), "insert {i}");
+    }
+    assert_eq!(e.stats().splits, 0);
+    assert_eq!(cost(|| assert!(e.delete(key(5)))), (2, 2));
+    assert_eq!(cost(|| assert!(e.search(key(6)).is_some())), (0, 0));
+}
+
+#[test]
+fn fptree_insert_flushes_pair_fingerprint_and_bitmap() {
+    for ns in [1024, 4096] {
+        let e = engine("fptree", ns);
+        // 1 KB leaves hold 56 pairs; 4 KB leaves 236.
+        for i in 0..50 {
+            assert_eq!(cost(|| e.insert(key(i), i + 1)), (3, 2), "{ns}: insert {i}");
+        }
+        assert_eq!(e.stats().splits, 0);
+        // Update: new pair + fingerprint, then one bitmap store flipping both bits.
+        assert_eq!(cost(|| assert!(e.update(key(7), 99))), (3, 2));
+        // Delete: one bitmap store.
+        assert_eq!(cost(|| assert!(e.delete(key(8)))), (1, 1));
+        assert_eq!(cost(|| assert_eq!(e.search(key(7)), Some(99))), (0, 0));
+    }
+}
+
+#[test]
+fn wbtree_insert_flushes_bitmap_entry_slots_bitmap() {
+    let e = engine("wbtree", 1024);
+    // 1 KB nodes: 56 slots, a one-word bitmap, a one-line slot array.
+    for i in 0..50 {
+        assert_eq!(cost(|| e.insert(key(i), i + 1)), (4, 3), "insert {i}");
+    }
+    assert_eq!(e.stats().splits, 0);
+    assert_eq!(cost(|| assert!(e.update(key(7), 99))), (4, 3));
+    assert_eq!(cost(|| assert!(e.delete(key(8)))), (3, 3));
+    assert_eq!(cost(|| assert_eq!(e.search(key(7)), Some(99))), (0, 0));
+
+    // 4 KB nodes: a 4-line slot array and a 4-word bitmap cost more lines.
+    let e = engine("wbtree", 4096);
+    for i in 0..200 {
+        let (f, n) = cost(|| e.insert(key(i), i + 1));
+        assert!((4..=9).contains(&f), "insert {i}: {f} flushes");
+        assert!((3..=4).contains(&n), "insert {i}: {n} fences");
+    }
+    assert_eq!(e.stats().splits, 0);
+}
+
+/// FAST: one flush (and fence) per cache line the shift crosses.
+#[test]
+fn fastfair_flushes_each_line_the_shift_crosses() {
+    let e = engine("fastfair", 1024);
+    // 1 KB nodes: 62 records of 16 bytes after a 32-byte header, at most 61 pairs.
+    let n = 40u64;
+    for i in 1..=n {
+        // Appending shifts nothing: the new record's line only.
+        assert_eq!(cost(|| e.insert(i * 10, i)), (1, 1), "append {i}");
+    }
+    // Inserting the smallest key shifts all n records right: record j+1 is
+    // written for j = n-1..0, and its line is flushed when j+1 starts a line,
+    // plus the final flush of record 0's line.
+    let at_line_start = |j: u64| (32 + 16 * j).is_multiple_of(64);
+    let want = (1..=n).filter(|&j| at_line_start(j)).count() as u64 + 1;
+    assert_eq!(cost(|| e.insert(5, 1000)), (want, want));
+    // In-place update: one line.
+    assert_eq!(cost(|| assert!(e.update(5, 77))), (1, 1));
+    // Deleting the smallest shifts n records left, flushing a line when the
+    // shift leaves it and at the end.
+    let cnt = n + 1;
+    let want = (0..cnt - 1).filter(|&j| j == cnt - 2 || at_line_start(j + 1)).count() as u64;
+    assert_eq!(cost(|| assert!(e.delete(5))), (want, want));
+    assert_eq!(e.stats().splits, 0);
+
+    // Random inserts into 4 KB nodes: between 1 line and the whole node.
+    let e = engine("fastfair", 4096);
+    let mut total = 0;
+    for i in 0..250 {
+        let (f, n) = cost(|| e.insert(key(i), i + 1));
+        assert!((1..=64).contains(&f) && f == n, "insert {i}: {f} flushes, {n} fences");
+        total += f;
+    }
+    assert_eq!(e.stats().splits, 0);
+    // On average the shift moves about half the records: far more than one line.
+    assert!(total / 250 >= 5, "mean {} lines", total / 250);
+}
+
+#[test]
+fn searches_and_scans_never_flush() {
+    for name in ["tree", "fptree", "fastfair", "wbtree"] {
+        let e = engine(name, 512);
+        for i in 0..2000 {
+            e.insert(key(i), i + 1);
+        }
+        let (f, n) = cost(|| {
+            for i in 0..2000 {
+                assert_eq!(e.search(key(i)), Some(i + 1));
+            }
+            let mut out = Vec::new();
+            e.scan(0, 5000, &mut out);
+            assert_eq!(out.len(), 2000);
+        });
+        assert_eq!((f, n), (0, 0), "{name}");
+    }
+}

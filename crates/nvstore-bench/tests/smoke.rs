@@ -1,0 +1,138 @@
+//! The runner end to end with tiny N: compare over every engine, and each
+//! micro operation.
+
+use nvstore_bench::micro::{print_json_lines, CompareArgs, MicroArgs, Op, ENGINES};
+use nvstore_bench::{run_compare, run_micro};
+
+const MICRO_FIELDS: &[&str] = &[
+    "engine",
+    "leaf",
+    "op",
+    "keys",
+    "threads",
+    "node_size",
+    "latency_ns",
+    "ops_per_sec",
+    "flushes_per_op",
+    "fences_per_op",
+    "p50_ns",
+    "p99_ns",
+    "p999_ns",
+    "splits",
+    "rebuilds",
+    "rebuild_ms",
+];
+
+#[test]
+fn compare_runs_every_engine() {
+    let args = CompareArgs {
+        keys: 2000,
+        node_size: 512,
+        reps: 3,
+        json: true,
+        ..CompareArgs::default()
+    };
+    let rs = run_compare(&args).unwrap();
+    let names: Vec<&str> = rs.iter().map(|r| r.engine.as_str()).collect();
+    for e in ENGINES {
+        assert!(names.contains(e), "{e} missing from {names:?}");
+    }
+    let mut buf = Vec::new();
+    print_json_lines(&rs, &mut buf).unwrap();
+    let text = String::from_utf8(buf).unwrap();
+    assert_eq!(text.lines().count(), ENGINES.len());
+    for line in text.lines() {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap();
+        for f in [
+            "engine",
+            "op",
+            "keys",
+            "node_size",
+            "latency_ns",
+            "ops_per_sec",
+            "flushes_per_op",
+            "fences_per_op",
+            "p50_ns",
+            "p99_ns",
+            "p999_ns",
+            "splits",
+            "ratio_vs_nv",
+        ] {
+            assert!(v.get(f).is_some(), "field {f} missing in {line}");
+        }
+        assert!(v["ops_per_sec"].as_f64().unwrap() > 0.0);
+        assert!(v["ratio_vs_nv"].as_f64().unwrap() > 0.0, "{line}");
+        if v["engine"] == "tree" {
+            assert_eq!(v["ratio_vs_nv"].as_f64().unwrap(), 1.0);
+        }
+        if v["engine"] == "volatile" {
+            assert_eq!(v["flushes_per_op"].as_f64().unwrap(), 0.0);
+        } else {
+            assert!(v["flushes_per_op"].as_f64().unwrap() >= 1.0, "{line}");
+        }
+    }
+}
+
+#[test]
+fn micro_runs_every_op_with_exact_fields() {
+    for op in [Op::Insert, Op::Update, Op::Delete, Op::Search, Op::Scan, Op::Mixed] {
+        for locality in [100.0, 5.0] {
+            let args = MicroArgs {
+                engine: "all".into(),
+                op,
+                keys: 2000,
+                node_size: 512,
+                locality,
+                ..MicroArgs::default()
+            };
+            let rs = run_micro(&args).unwrap();
+            assert_eq!(rs.len(), ENGINES.len());
+            for r in &rs {
+                let v = serde_json::to_value(r).unwrap();
+                let keys: Vec<&str> = v.as_object().unwrap().keys().map(|s| s.as_str()).collect();
+                let mut want = MICRO_FIELDS.to_vec();
+                want.sort();
+                let mut got = keys.clone();
+                got.sort();
+                assert_eq!(got, want);
+                assert_eq!(v["op"], serde_json::json!(format!("{op:?}").to_lowercase()));
+                assert!(r.ops_per_sec > 0.0 && r.p50_ns > 0 && r.p99_ns >= r.p50_ns);
+            }
+        }
+    }
+}
+
+#[test]
+fn tree_runs_with_threads_and_string_keys() {
+    let args = MicroArgs {
+        engine: "tree,fptree".into(),
+        op: Op::Insert,
+        keys: 4000,
+        threads: 2,
+        ..MicroArgs::default()
+    };
+    let rs = run_micro(&args).unwrap();
+    assert_eq!(rs[0].threads, 2);
+    assert_eq!(rs[1].threads, 1, "baselines run on one thread");
+    let args = MicroArgs {
+        engine: "tree".into(),
+        op: Op::Search,
+        keys: 2000,
+        key_kind: nvstore_bench::KeyKind::String,
+        ..MicroArgs::default()
+    };
+    assert_eq!(run_micro(&args).unwrap().len(), 1);
+    let bad = MicroArgs {
+        engine: "fptree".into(),
+        key_kind: nvstore_bench::KeyKind::String,
+        keys: 10,
+        ..MicroArgs::default()
+    };
+    assert!(run_micro(&bad).is_err());
+    assert!(run_micro(&MicroArgs {
+        engine: "btree".into(),
+        keys: 10,
+        ..MicroArgs::default()
+    })
+    .is_err());
+}

@@ -311,3 +311,58 @@ fn check_reports_corruption() {
         "{e}"
     );
 }
+
+/// Unmounts the tiny file system when the test ends, however it ends.
+struct TinyFs(PathBuf);
+
+impl Drop for TinyFs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.0).status();
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+#[test]
+fn full_disk_fails_the_write_and_harms_nothing() {
+    // A 2 MiB tmpfs: needs permission to mount; skipped where there is none.
+    let dir = std::env::temp_dir().join(format!("nvstore-tinyfs-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mounted = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=2m", "tmpfs"])
+        .arg(&dir)
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !mounted {
+        let _ = std::fs::remove_dir(&dir);
+        eprintln!("cannot mount a tmpfs here: skipping the full-disk test");
+        return;
+    }
+    let _fs = TinyFs(dir.clone());
+    let p = dir.join("disk.nvs");
+    let opts = Options {
+        size: 256 << 10,
+        ..Options::default()
+    };
+    let db = Db::open(&p, opts.clone()).unwrap();
+    let big = vec![0x3cu8; 5000];
+    let mut acked = Vec::new();
+    let err = loop {
+        let k = (acked.len() as u64).to_be_bytes();
+        match db.put(&k, &big) {
+            Ok(()) => acked.push(k),
+            Err(e) => break e,
+        }
+        assert!(acked.len() < 10_000, "disk never filled");
+    };
+    assert!(matches!(err, Error::DiskFull { .. }), "{err}");
+    assert!(err.to_string().contains("disk.nvs"), "{err}");
+    for k in &acked {
+        assert_eq!(db.get(k).unwrap().as_deref(), Some(&big[..]));
+    }
+    assert!(db.check().ok);
+    drop(db);
+    let db = Db::open(&p, opts).unwrap();
+    assert_eq!(db.len(), acked.len() as u64);
+    assert!(db.check().ok);
+}

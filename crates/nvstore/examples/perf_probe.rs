@@ -21,7 +21,16 @@ fn main() {
         },
     )
     .unwrap();
-    let mut keys: Vec<u64> = (0..n).map(|i| i.wrapping_mul(0x9e3779b97f4a7c15)).collect();
+    let sequential = std::env::var("SEQUENTIAL").is_ok();
+    let mut keys: Vec<u64> = (0..n)
+        .map(|i| {
+            if sequential {
+                i
+            } else {
+                i.wrapping_mul(0x9e3779b97f4a7c15)
+            }
+        })
+        .collect();
     let c0 = nvstore::pmem::Counters::sum();
     let t = Instant::now();
     for &k in &keys {

@@ -24,6 +24,13 @@ use crate::tree::index::{Bound, Entry};
 use crate::tree::leaf::{self, LeafFormat};
 use crate::tree::{LeafRef, Tree};
 
+/// The header's clean word holds the saved state's offset in its low 48 bits
+/// and the low 16 bits of the saved state's checksum above them, so the flag,
+/// the pointer and the identity of the state are published by one store.
+const CLEAN_TAG_SHIFT: u32 = 48;
+const CLEAN_OFFSET_MASK: u64 = (1 << CLEAN_TAG_SHIFT) - 1;
+const CLEAN_TAG_MASK: u64 = 0xffff;
+
 /// How the last open recovered.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -274,10 +281,11 @@ fn load_saved<S: Space, L: LeafFormat>(
     space: &Arc<S>,
     h: &header::Header,
     path: &Path,
-    at: u64,
+    clean_word: u64,
 ) -> Result<Option<(Tree<S, L>, u64)>> {
     let s = &**space;
     let pool = header::pool_size(s);
+    let (at, tag) = (clean_word & CLEAN_OFFSET_MASK, clean_word >> CLEAN_TAG_SHIFT);
     if !at.is_multiple_of(LINE) || at < h.data_start || at + 16 > pool {
         return Ok(None);
     }
@@ -292,6 +300,10 @@ fn load_saved<S: Space, L: LeafFormat>(
         .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
         .collect();
     let Some(body) = saved::open(&all) else { return Ok(None) };
+    // A stale saved state left at the same offset by an earlier close has another checksum.
+    if all[saved::CRC_W] & CLEAN_TAG_MASK != tag {
+        return Ok(None);
+    }
     let mut it = body.iter().copied();
     let parse = |it: &mut dyn Iterator<Item = u64>| -> Option<(u64, Vec<Entry>, Vec<u64>)> {
         let keys = it.next()?;
@@ -307,11 +319,17 @@ fn load_saved<S: Space, L: LeafFormat>(
                 2 => Bound::PosInf,
                 _ => return None,
             };
-            if off % LINE != 0 || off + leaf_nv::MIN_SIZE > pool {
+            // The same checks as a rebuild makes: a saved state is trusted
+            // only as far as the leaves it names are sound.
+            if !off.is_multiple_of(LINE) || off < h.data_start || off + leaf_nv::MIN_SIZE > pool {
                 return None;
             }
             let size = L::size(s, off);
             let count = L::count(s, off);
+            if size < leaf_nv::MIN_SIZE || !size.is_multiple_of(LINE) || off + size > pool || count > L::capacity(size)
+            {
+                return None;
+            }
             entries.push(Entry {
                 max,
                 leaf: Arc::new(LeafRef::with(off, size, count)),
@@ -324,13 +342,15 @@ fn load_saved<S: Space, L: LeafFormat>(
     let Some((keys, entries, alloc_words)) = parse(&mut it) else {
         return Ok(None);
     };
-    let alloc = Arc::new(Allocator::load(
-        s,
-        h.chunk_size,
-        h.data_start,
-        path.into(),
-        &alloc_words,
-    )?);
+    // The saved leaves must be exactly the persistent chain, in order.
+    match walk_chain::<S, L>(s, h, path) {
+        Ok(chain) if chain.len() == entries.len() && chain.iter().zip(&entries).all(|(&c, e)| c == e.leaf.off) => {}
+        _ => return Ok(None),
+    }
+    let Ok(alloc) = Allocator::load(s, h.chunk_size, h.data_start, path.into(), &alloc_words) else {
+        return Ok(None);
+    };
+    let alloc = Arc::new(alloc);
     let tree = Tree::assemble(space.clone(), alloc, entries, h.node_size as u64, keys, path.into());
     Ok(Some((tree, at)))
 }
@@ -376,7 +396,8 @@ pub fn save_clean<S: Space, L: LeafFormat>(tree: &Tree<S, L>) -> Result<()> {
         s.write(block, &bytes);
         s.flush(block, bytes.len() as u64, crate::pmem::points::SHUTDOWN_STATE_FLUSH);
         s.fence(crate::pmem::points::SHUTDOWN_STATE_FENCE);
-        header::set_root(s, header::CLEAN_STATE_OFF, block);
+        let tag = sealed[saved::CRC_W] & CLEAN_TAG_MASK;
+        header::set_root(s, header::CLEAN_STATE_OFF, block | (tag << CLEAN_TAG_SHIFT));
         return s.sync();
     }
 }

@@ -113,23 +113,45 @@ pub struct Index {
     /// How many PLNs carry entries (the rest pad the complete tree).
     pub used_plns: usize,
     pub generation: u64,
+    /// Entries a PLN may hold before the index is rebuilt (see `pln_limit`).
+    pub pln_limit: usize,
 }
+
+/// When a PLN overflows. The paper's PLNs have a fixed size, so a write
+/// hot spot (ascending inserts all land in the last PLN) forces a rebuild of
+/// the whole index every few splits: quadratic. Our PLNs are vectors, so a
+/// PLN may grow with the tree: up to an eighth of the leaves it was built
+/// over, between `PLN_CAPACITY` and `PLN_MAX` (a split copies its PLN, so
+/// the copy must stay short). This is the idea of seed 000 §5.5's hot-PLN
+/// enlargement without sizes to tune.
+pub fn pln_limit(leaves: usize) -> usize {
+    (leaves / 8).clamp(PLN_CAPACITY, PLN_MAX)
+}
+
+/// Largest PLN a hot spot may grow before the index is rebuilt.
+pub const PLN_MAX: usize = 256;
 
 impl Index {
     /// Builds an index over `entries` (in key order; the last bound is
     /// +inf), `PLN_FILL` entries per PLN: the rebuild of seed 000 §4.5.
     pub fn build(entries: Vec<Entry>, generation: u64) -> Index {
         assert!(!entries.is_empty(), "a tree always has a leaf");
+        let n_entries = entries.len();
         let used = entries.len().div_ceil(PLN_FILL);
-        // Depth: smallest d with FANOUT^d >= used.
-        let mut width = 1usize;
-        let mut inner_nodes = 0usize;
-        while width < used {
-            inner_nodes += width;
-            width *= FANOUT;
+        // Depth: smallest d with FANOUT^d >= used. Node ids follow the
+        // complete FANOUT-ary layout (children of i at i*F+1+pos), but only
+        // real nodes are built: the real nodes of a level are its first ids,
+        // and a search never enters padding (padding keys are +inf and the
+        // last real subtree's bound is +inf).
+        let mut widths = vec![1usize];
+        while *widths.last().unwrap() < used {
+            let w = widths.last().unwrap() * FANOUT;
+            widths.push(w);
         }
-        let mut plns: Vec<ArcSwap<Pln>> = Vec::with_capacity(width);
-        let mut bounds: Vec<Bound> = Vec::with_capacity(width);
+        let depth = widths.len() - 1; // inner levels
+        let inner_nodes: usize = widths[..depth].iter().sum();
+        let mut plns: Vec<ArcSwap<Pln>> = Vec::with_capacity(used);
+        let mut bounds: Vec<Bound> = Vec::with_capacity(used);
         let mut it = entries.into_iter().peekable();
         for _ in 0..used {
             let chunk: Vec<Entry> = it.by_ref().take(PLN_FILL).collect();
@@ -141,30 +163,35 @@ impl Index {
             });
             plns.push(ArcSwap::from_pointee(Pln { entries: chunk }));
         }
-        for _ in used..width {
-            plns.push(ArcSwap::from_pointee(Pln { entries: Vec::new() }));
-            bounds.push(Bound::PosInf);
+        // Real node counts per level, bottom-up.
+        let mut counts = vec![0usize; depth + 1];
+        counts[depth] = used;
+        for k in (0..depth).rev() {
+            counts[k] = counts[k + 1].div_ceil(FANOUT);
         }
-        // IN keys bottom-up: a child's key is the bound of its subtree's last PLN.
-        let mut keys = vec![Bound::PosInf; inner_nodes * (FANOUT - 1)];
+        let level_start = |k: usize| -> usize { widths[..k].iter().sum() };
+        let real_ids = if depth == 0 {
+            0
+        } else {
+            level_start(depth - 1) + counts[depth - 1]
+        };
+        let mut keys = vec![Bound::PosInf; real_ids * (FANOUT - 1)];
         let mut level_bounds = bounds;
-        let mut level_start = inner_nodes;
-        let mut level_width = width;
-        while level_width > 1 {
-            let parent_width = level_width / FANOUT;
-            let parent_start = level_start - parent_width;
-            let mut parent_bounds = Vec::with_capacity(parent_width);
-            for p in 0..parent_width {
-                let node = parent_start + p;
+        for k in (0..depth).rev() {
+            let below = level_bounds.len();
+            let mut parent_bounds = Vec::with_capacity(counts[k]);
+            for j in 0..counts[k] {
+                let node = level_start(k) + j;
                 for c in 0..FANOUT - 1 {
-                    keys[node * (FANOUT - 1) + c] = level_bounds[p * FANOUT + c].clone();
+                    let child = j * FANOUT + c;
+                    if child < below {
+                        keys[node * (FANOUT - 1) + c] = level_bounds[child].clone();
+                    }
                 }
-                // A subtree's bound is its last child's bound.
-                parent_bounds.push(level_bounds[p * FANOUT + FANOUT - 1].clone());
+                // A subtree's bound is its last real child's bound.
+                parent_bounds.push(level_bounds[(j * FANOUT + FANOUT - 1).min(below - 1)].clone());
             }
             level_bounds = parent_bounds;
-            level_start = parent_start;
-            level_width = parent_width;
         }
         let words = keys
             .chunks(FANOUT - 1)
@@ -183,6 +210,7 @@ impl Index {
             plns,
             used_plns: used,
             generation,
+            pln_limit: pln_limit(n_entries),
         }
     }
 

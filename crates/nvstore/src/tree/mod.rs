@@ -32,7 +32,7 @@ use crate::alloc::Allocator;
 use crate::error::{Error, Result};
 use crate::format::header;
 use crate::pmem::{points, Space};
-use index::{Bound, Entry, Found, Index, Pln, PLN_CAPACITY};
+use index::{Bound, Entry, Found, Index, Pln};
 use leaf::{LeafFormat, Lookup, Slot};
 
 /// Largest key, in bytes.
@@ -332,7 +332,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
         let remove = if merged.is_some() { 2 } else { 1 };
         let mut entries = pln.entries.clone();
         entries.splice(f.pos..f.pos + remove, fresh);
-        if entries.len() <= PLN_CAPACITY {
+        if entries.len() <= idx.pln_limit {
             idx.plns[f.pln].store(Arc::new(Pln { entries }));
         } else {
             self.rebuild_from_plns(&idx, f.pln, entries);

@@ -1,0 +1,210 @@
+//! Crash-consistency campaigns on the simulator (DESIGN §13): the normal
+//! campaign finds nothing, and a campaign with any one persistence point
+//! dropped finds something ("checking the checker").
+
+use std::time::Instant;
+
+use nvstore::crashtest::{self, Config, Report};
+use nvstore::format::{header, leaf_nv};
+use nvstore::pmem::{SimSpace, Space};
+use nvstore::{Db, Error, Options};
+
+fn show(r: &Report) -> String {
+    format!(
+        "{} ops, {} thread(s), drop {:?}: {} crash states in {:.1} s ({:.0}/s), {} violations, \
+         {} sampled, work {:?}\n{}",
+        r.ops_done,
+        r.threads,
+        r.drop,
+        r.crash_states,
+        r.seconds,
+        r.crash_states_per_sec,
+        r.violations,
+        r.sampled,
+        r.work,
+        r.violation_details.join("\n")
+    )
+}
+
+/// Every point is reached by the normal workload.
+fn assert_all_points_covered(r: &Report) {
+    for p in crashtest::list_points() {
+        assert!(
+            r.points_covered.iter().any(|c| c == p),
+            "point {p} never reached: {:?}",
+            r.points_covered
+        );
+    }
+}
+
+#[test]
+fn campaign_two_writers_finds_no_violation() {
+    let r = crashtest::run(&Config {
+        ops: 800,
+        seed: 12,
+        threads: 2,
+        ..Config::default()
+    });
+    println!("{}", show(&r));
+    assert_eq!(r.violations, 0, "{}", show(&r));
+    assert!(r.crash_states >= 5_000, "{}", show(&r));
+    assert_all_points_covered(&r);
+}
+
+/// The acceptance target (`nvstore crashtest --leaf nv --ops 2000 --seed 7`):
+/// no violation in at least 20000 distinct crash states, and the workload
+/// reaches every point and the rare paths. About 35 s in the test profile
+/// on two idle cores.
+#[test]
+fn campaign_one_writer_2000_ops_seed_7_finds_no_violation() {
+    let r = crashtest::run(&Config {
+        ops: 2000,
+        seed: 7,
+        threads: 1,
+        ..Config::default()
+    });
+    println!("{}", show(&r));
+    assert_eq!(r.violations, 0, "{}", show(&r));
+    assert!(r.crash_states >= 20_000, "{}", show(&r));
+    assert!(r.sampled > 0, "{}", show(&r));
+    assert_all_points_covered(&r);
+    let w = &r.work;
+    assert!(
+        w.splits > 0 && w.replaces > 0 && w.merges > 0 && w.rebuilds > 0,
+        "{w:?}"
+    );
+    assert!(w.huge_values > 0 && w.large_values > 0 && w.deletes_absent > 0, "{w:?}");
+    assert!(w.clean_reopens > 0 && w.power_failures > 0 && w.pools > 1, "{w:?}");
+    for kind in ["acked", "closed", "persisted", "all-in-flight", "subset", "torn"] {
+        assert!(
+            r.images_by_kind.contains_key(kind),
+            "no {kind} image: {:?}",
+            r.images_by_kind
+        );
+    }
+    assert!(
+        r.images_by_kind.keys().any(|k| k.starts_with("recovery:")),
+        "no image captured during recovery: {:?}",
+        r.images_by_kind
+    );
+}
+
+/// Points whose removal no campaign catches, and why (see the report in
+/// `nvstore::crashtest`'s module documentation).
+const NOT_CAUGHT: &[(&str, &str)] = &[(
+    "nv.link.fence",
+    "the same operation's next fence (the append's element fence) persists the link \
+     before the operation is acknowledged, and before any block the swap retired can be \
+     reused by this thread; only another thread reusing a retired leaf in that window \
+     (after an epoch advance) could expose it",
+)];
+
+/// Checking the checker: with any one flush or fence dropped, a campaign
+/// finds violations. Each campaign stops at its first violation; a point
+/// not caught with one seed gets two more.
+#[test]
+fn every_dropped_point_is_caught() {
+    let t = Instant::now();
+    let mut missed = Vec::new();
+    for p in crashtest::list_points() {
+        let known = NOT_CAUGHT.iter().find(|(n, _)| *n == p);
+        let seeds: &[u64] = if known.is_some() { &[7] } else { &[7, 8, 9] };
+        let mut line = String::new();
+        let mut caught = false;
+        for &seed in seeds {
+            let t = Instant::now();
+            let r = crashtest::run(&Config {
+                ops: 500,
+                seed,
+                drop: Some(p.to_string()),
+                stop_after: 1,
+                max_details: 1,
+                ..Config::default()
+            });
+            assert!(r.drop_hits > 0, "point {p} was never reached: {}", show(&r));
+            line = format!(
+                "{p:22} seed {seed}: {:4} violation(s) after {:3} ops, {:5} crash states, {:4} drops, {:4.1} s  {}",
+                r.violations,
+                r.ops_done,
+                r.crash_states,
+                r.drop_hits,
+                t.elapsed().as_secs_f64(),
+                r.violation_details.first().map_or("", |d| d.as_str())
+            );
+            println!("{line}");
+            if r.violations > 0 {
+                caught = true;
+                break;
+            }
+        }
+        match (caught, known) {
+            (true, Some(_)) => println!("  {p} is caught now: take it off NOT_CAUGHT"),
+            (false, Some((_, why))) => println!("  {p} not caught (known): {why}"),
+            (false, None) => missed.push(line),
+            (true, None) => {}
+        }
+    }
+    println!("self-test took {:.1} s", t.elapsed().as_secs_f64());
+    assert!(missed.is_empty(), "dropped points not caught:\n{}", missed.join("\n"));
+}
+
+/// Regression: instant recovery used to trust the leaves its saved state
+/// named (size, count, chain) without the checks a rebuild makes, so a
+/// cleanly closed pool with one corrupt leaf count opened and the next read
+/// went past the leaf. It now validates them and falls back to a rebuild,
+/// which reports `Error::Corrupt` (DESIGN §4).
+#[test]
+fn instant_recovery_rejects_a_corrupt_leaf_count() {
+    let opts = Options {
+        node_size: 256,
+        size: 1 << 20,
+        ..Options::default()
+    };
+    let db = Db::create_in(SimSpace::new(1 << 20), "t".as_ref(), &opts).unwrap();
+    for i in 0..3u8 {
+        db.put(&[i], b"v").unwrap();
+    }
+    let space = db.close_into_space().unwrap();
+    let mut img = space.current_image();
+    let word = |img: &[u8], off: u64| u64::from_le_bytes(img[off as usize..off as usize + 8].try_into().unwrap());
+    let leaf = word(&img, header::LEAF_HEAD_OFF);
+    assert_ne!(word(&img, header::CLEAN_STATE_OFF), 0, "closed cleanly");
+    // One corrupt word: the leaf's count, far beyond its capacity.
+    let at = (leaf + leaf_nv::COUNT_OFF) as usize;
+    img[at..at + 8].copy_from_slice(&1000u64.to_le_bytes());
+    let space = SimSpace::from_image(img);
+    assert!(space.size() > 0);
+    match Db::open_space(space, "t".as_ref()) {
+        Err(Error::Corrupt { .. }) => {}
+        Err(e) => panic!("expected a Corrupt error, got {e}"),
+        Ok(db) => panic!(
+            "a leaf with count 1000 (capacity {}) opened without error, by {:?} recovery",
+            leaf_nv::capacity(256),
+            db.recovery().kind
+        ),
+    }
+}
+
+/// An ad-hoc campaign printed as JSON, e.g.
+/// `NVSTORE_CRASH=ops=2000,seed=7,threads=2,drop=nv.count.fence cargo test
+/// --release -p nvstore --test crash campaign_from_env -- --ignored --nocapture`.
+#[test]
+#[ignore = "ad-hoc: configured by NVSTORE_CRASH"]
+fn campaign_from_env() {
+    let mut cfg = Config::default();
+    for kv in std::env::var("NVSTORE_CRASH").unwrap_or_default().split(',') {
+        match kv.split_once('=') {
+            Some(("ops", v)) => cfg.ops = v.parse().unwrap(),
+            Some(("seed", v)) => cfg.seed = v.parse().unwrap(),
+            Some(("threads", v)) => cfg.threads = v.parse().unwrap(),
+            Some(("drop", v)) => cfg.drop = Some(v.to_string()),
+            Some(("check_threads", v)) => cfg.check_threads = v.parse().unwrap(),
+            Some(("sample_every", v)) => cfg.sample_every = v.parse().unwrap(),
+            Some(("stop_after", v)) => cfg.stop_after = v.parse().unwrap(),
+            None if kv.is_empty() => {}
+            _ => panic!("unknown NVSTORE_CRASH setting {kv:?}"),
+        }
+    }
+    let r = crashtest::run(&cfg);
+    println!("{}", serde_json::to_string_pretty(&r).unwrap());
+}

@@ -56,7 +56,6 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use super::pool::{check_node_size, line_of, Pool, ROOT};
-use crate::engine::{BenchIndex, EngineStats};
 use nvstore::pmem::{Point, Space, LINE};
 use nvstore::Result;
 
@@ -553,42 +552,4 @@ impl<S: Space> FastFair<S> {
     }
 }
 
-impl<S: Space> BenchIndex for FastFair<S> {
-    fn name(&self) -> &'static str {
-        "fastfair"
-    }
-    fn insert(&self, key: u64, value: u64) {
-        let mut st = self.st.lock();
-        self.put(&mut st, key, value, false);
-        self.pool.space.op_boundary();
-    }
-    fn update(&self, key: u64, value: u64) -> bool {
-        let mut st = self.st.lock();
-        let r = self.put(&mut st, key, value, true);
-        self.pool.space.op_boundary();
-        r
-    }
-    fn delete(&self, key: u64) -> bool {
-        let mut st = self.st.lock();
-        let r = self.remove(&mut st, key);
-        self.pool.space.op_boundary();
-        r
-    }
-    fn search(&self, key: u64) -> Option<u64> {
-        let st = self.st.lock();
-        self.get(&st, key)
-    }
-    fn scan(&self, start: u64, n: usize, out: &mut Vec<(u64, u64)>) {
-        let st = self.st.lock();
-        self.scan_from(&st, start, n, out)
-    }
-    fn stats(&self) -> EngineStats {
-        EngineStats {
-            splits: self.st.lock().splits,
-            ..EngineStats::default()
-        }
-    }
-    fn leaf(&self) -> &'static str {
-        "sorted"
-    }
-}
+single_lock_bench_index!(FastFair, "fastfair", "sorted");

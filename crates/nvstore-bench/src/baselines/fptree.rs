@@ -50,7 +50,6 @@ use parking_lot::Mutex;
 
 use super::pool::{align_line, check_node_size, Pool, LOG, ROOT};
 use super::volatile::DramBTree;
-use crate::engine::{BenchIndex, EngineStats};
 use nvstore::pmem::{Point, Space};
 use nvstore::Result;
 
@@ -351,42 +350,4 @@ impl<S: Space> FpTree<S> {
     }
 }
 
-impl<S: Space> BenchIndex for FpTree<S> {
-    fn name(&self) -> &'static str {
-        "fptree"
-    }
-    fn insert(&self, key: u64, value: u64) {
-        let mut st = self.st.lock();
-        self.put(&mut st, key, value, false);
-        self.pool.space.op_boundary();
-    }
-    fn update(&self, key: u64, value: u64) -> bool {
-        let mut st = self.st.lock();
-        let r = self.put(&mut st, key, value, true);
-        self.pool.space.op_boundary();
-        r
-    }
-    fn delete(&self, key: u64) -> bool {
-        let mut st = self.st.lock();
-        let r = self.remove(&mut st, key);
-        self.pool.space.op_boundary();
-        r
-    }
-    fn search(&self, key: u64) -> Option<u64> {
-        let st = self.st.lock();
-        self.get(&st, key)
-    }
-    fn scan(&self, start: u64, n: usize, out: &mut Vec<(u64, u64)>) {
-        let st = self.st.lock();
-        self.scan_from(&st, start, n, out)
-    }
-    fn stats(&self) -> EngineStats {
-        EngineStats {
-            splits: self.st.lock().splits,
-            ..EngineStats::default()
-        }
-    }
-    fn leaf(&self) -> &'static str {
-        "fingerprint"
-    }
-}
+single_lock_bench_index!(FpTree, "fptree", "fingerprint");

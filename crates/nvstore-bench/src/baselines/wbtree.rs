@@ -56,7 +56,6 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use super::pool::{align_line, check_node_size, line_of, Pool, LOG, LOG_SIZE, ROOT};
-use crate::engine::{BenchIndex, EngineStats};
 use nvstore::pmem::{Point, Space, LINE};
 use nvstore::Result;
 
@@ -579,42 +578,4 @@ impl<S: Space> WbTree<S> {
     }
 }
 
-impl<S: Space> BenchIndex for WbTree<S> {
-    fn name(&self) -> &'static str {
-        "wbtree"
-    }
-    fn insert(&self, key: u64, value: u64) {
-        let mut st = self.st.lock();
-        self.put(&mut st, key, value, false);
-        self.pool.space.op_boundary();
-    }
-    fn update(&self, key: u64, value: u64) -> bool {
-        let mut st = self.st.lock();
-        let r = self.put(&mut st, key, value, true);
-        self.pool.space.op_boundary();
-        r
-    }
-    fn delete(&self, key: u64) -> bool {
-        let mut st = self.st.lock();
-        let r = self.remove(&mut st, key);
-        self.pool.space.op_boundary();
-        r
-    }
-    fn search(&self, key: u64) -> Option<u64> {
-        let st = self.st.lock();
-        self.get(&st, key)
-    }
-    fn scan(&self, start: u64, n: usize, out: &mut Vec<(u64, u64)>) {
-        let st = self.st.lock();
-        self.scan_from(&st, start, n, out)
-    }
-    fn stats(&self) -> EngineStats {
-        EngineStats {
-            splits: self.st.lock().splits,
-            ..EngineStats::default()
-        }
-    }
-    fn leaf(&self) -> &'static str {
-        "slot+bitmap"
-    }
-}
+single_lock_bench_index!(WbTree, "wbtree", "slot+bitmap");

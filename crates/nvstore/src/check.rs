@@ -70,7 +70,7 @@ pub fn check<S: Space, L: LeafFormat>(tree: &Tree<S, L>, h: &Header) -> CheckRep
             problems.push(format!("leaf {off}: bound decreases along the chain"));
         }
         let size = L::size(s, off);
-        if size != e.leaf.size || size % 64 != 0 || off + size > pool {
+        if size != e.leaf.size || size % 64 != 0 || size > pool.saturating_sub(off) {
             problems.push(format!("leaf {off}: invalid size {size}"));
             continue;
         }

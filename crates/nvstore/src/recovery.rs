@@ -118,7 +118,7 @@ pub fn walk_chain<S: Space, L: LeafFormat>(s: &S, h: &header::Header, path: &Pat
     let mut seen = BTreeSet::new();
     let mut at = s.load(header::LEAF_HEAD_OFF);
     while at != 0 {
-        if !at.is_multiple_of(LINE) || at < h.data_start || at + leaf_nv::MIN_SIZE > pool {
+        if !at.is_multiple_of(LINE) || at < h.data_start || at > pool.saturating_sub(leaf_nv::MIN_SIZE) {
             return Err(corrupt(path, format!("leaf chain points at invalid offset {at}")));
         }
         if !seen.insert(at) {
@@ -133,7 +133,7 @@ pub fn walk_chain<S: Space, L: LeafFormat>(s: &S, h: &header::Header, path: &Pat
 fn scan_leaf<S: Space, L: LeafFormat>(s: &S, off: u64, path: &Path) -> Result<LeafScan> {
     let pool = header::pool_size(s);
     let size = L::size(s, off);
-    if size < leaf_nv::MIN_SIZE || size % LINE != 0 || off + size > pool {
+    if size < leaf_nv::MIN_SIZE || size % LINE != 0 || size > pool - off {
         return Err(corrupt(path, format!("leaf {off} has invalid size {size}")));
     }
     let count = L::count(s, off);
@@ -176,7 +176,7 @@ fn scan_leaf<S: Space, L: LeafFormat>(s: &S, off: u64, path: &Path) -> Result<Le
 /// Checks a blob reference: inside the pool, lengths consistent with the
 /// element's metadata.
 pub fn validate_blob<S: Space>(s: &S, b: u64, meta: Meta, pool: u64) -> std::result::Result<(), String> {
-    if b == 0 || !b.is_multiple_of(LINE) || b + blob::DATA_OFF > pool {
+    if b == 0 || !b.is_multiple_of(LINE) || b > pool.saturating_sub(blob::DATA_OFF) {
         return Err(format!("invalid blob reference {b}"));
     }
     let (kl, vl) = blob::lens(s.read_u64(b));
@@ -286,11 +286,11 @@ fn load_saved<S: Space, L: LeafFormat>(
     let s = &**space;
     let pool = header::pool_size(s);
     let (at, tag) = (clean_word & CLEAN_OFFSET_MASK, clean_word >> CLEAN_TAG_SHIFT);
-    if !at.is_multiple_of(LINE) || at < h.data_start || at + 16 > pool {
+    if !at.is_multiple_of(LINE) || at < h.data_start || at > pool.saturating_sub(16) {
         return Ok(None);
     }
     let words = s.read_u64(at + 8) as usize;
-    if words < saved::BODY_W || at + words as u64 * 8 > pool {
+    if words < saved::BODY_W || words as u64 > (pool - at) / 8 {
         return Ok(None);
     }
     let mut bytes = vec![0u8; words * 8];
@@ -321,12 +321,12 @@ fn load_saved<S: Space, L: LeafFormat>(
             };
             // The same checks as a rebuild makes: a saved state is trusted
             // only as far as the leaves it names are sound.
-            if !off.is_multiple_of(LINE) || off < h.data_start || off + leaf_nv::MIN_SIZE > pool {
+            if !off.is_multiple_of(LINE) || off < h.data_start || off > pool.saturating_sub(leaf_nv::MIN_SIZE) {
                 return None;
             }
             let size = L::size(s, off);
             let count = L::count(s, off);
-            if size < leaf_nv::MIN_SIZE || !size.is_multiple_of(LINE) || off + size > pool || count > L::capacity(size)
+            if size < leaf_nv::MIN_SIZE || !size.is_multiple_of(LINE) || size > pool - off || count > L::capacity(size)
             {
                 return None;
             }

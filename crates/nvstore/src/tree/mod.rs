@@ -86,8 +86,15 @@ pub struct Tree<S: Space, L: LeafFormat> {
     pub keys: AtomicI64,
     pub stats: TreeStats,
     pub path: PathBuf,
+    /// Test hook run after a split has published its new leaves and released
+    /// its locks, before the splitting operation goes on (crash tests use it
+    /// to let another writer act inside that window).
+    split_hook: Mutex<Option<SplitHook>>,
     _leaf: PhantomData<L>,
 }
+
+/// See [`Tree::set_split_hook`].
+pub type SplitHook = Arc<dyn Fn() + Send + Sync>;
 
 /// Where a range starts or stops.
 pub type KeyBound = RB<Vec<u8>>;
@@ -110,6 +117,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
             keys: AtomicI64::new(keys as i64),
             stats: TreeStats::default(),
             path,
+            split_hook: Mutex::new(None),
             _leaf: PhantomData,
         }
     }
@@ -238,7 +246,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
     /// Makes room in the full leaf that `key` routes to: split, replace or
     /// merge with the right sibling (seed 000 §4.4).
     fn split(&self, key: &[u8]) -> Result<()> {
-        let _s = self.structure.lock();
+        let structure = self.structure.lock();
         let guard = epoch::pin();
         let idx = self.index.load_full();
         let f = idx.find(key);
@@ -360,8 +368,19 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
         let alloc = self.alloc.clone();
         guard.defer(move || alloc.release(&to_free));
         guard.flush();
+        drop(structure);
+        let hook = self.split_hook.lock().clone();
+        if let Some(h) = hook {
+            h();
+        }
         self.space.op_boundary();
         Ok(())
+    }
+
+    /// Installs (or removes) the split hook. For crash tests only.
+    #[doc(hidden)]
+    pub fn set_split_hook(&self, hook: Option<SplitHook>) {
+        *self.split_hook.lock() = hook;
     }
 
     /// Rebuild-from-PLN (seed 000 §4.5): a PLN overflowed; lay every entry

@@ -148,6 +148,10 @@ impl Allocator {
     /// persistent refers to it and no reader can still hold it (epochs).
     pub fn free(&self, off: u64) {
         let mut st = self.state.lock();
+        self.free_locked(&mut st, off);
+    }
+
+    fn free_locked(&self, st: &mut State, off: u64) {
         #[cfg(debug_assertions)]
         if !st.live.is_empty() || off == 0 {
             // Only checked for blocks this process handed out (not rebuilt ones).
@@ -184,10 +188,13 @@ impl Allocator {
     /// Frees retired blocks. A block [`Allocator::save`] already counted as
     /// free (clean shutdown before the epoch passed) is skipped.
     pub fn release(&self, offs: &[u64]) {
+        // One lock for both steps: deferred releases run on whatever thread
+        // pins next, and a concurrent `verify` must never see a block that is
+        // neither retired nor free.
+        let mut st = self.state.lock();
         for &o in offs {
-            let was_retired = self.state.lock().retired.remove(&o);
-            if was_retired {
-                self.free(o);
+            if st.retired.remove(&o) {
+                self.free_locked(&mut st, o);
             }
         }
     }
@@ -336,11 +343,10 @@ impl Allocator {
 
     /// Serialises the free lists for a clean shutdown.
     pub fn save(&self) -> Vec<u64> {
-        let retired: Vec<u64> = std::mem::take(&mut self.state.lock().retired).into_iter().collect();
-        for o in retired {
-            self.free(o);
+        let mut st = self.state.lock();
+        for o in std::mem::take(&mut st.retired) {
+            self.free_locked(&mut st, o);
         }
-        let st = self.state.lock();
         let mut out = vec![st.pool_end, st.used_bytes, st.free_chunks.len() as u64];
         for (&s, &n) in &st.free_chunks {
             out.extend([s, n]);

@@ -48,7 +48,7 @@ points! {
     /// Split/replace/merge: the sibling pointer that swaps the new leaves in.
     NV_LINK_FLUSH = "nv.link.flush";
     NV_LINK_FENCE = "nv.link.fence";
-    /// Clean shutdown: the saved index and free lists, before the clean flag.
+    /// Clean shutdown: the saved index and free lists, before the clean flag
+    /// (whose own fence orders this flush).
     SHUTDOWN_STATE_FLUSH = "shutdown.state.flush";
-    SHUTDOWN_STATE_FENCE = "shutdown.state.fence";
 }

@@ -13,6 +13,9 @@ pub struct ServeArgs {
     /// Initial size of a new pool (it grows on demand): bytes or with a KiB/MiB/GiB/TiB suffix.
     #[arg(long, default_value = "64MiB", value_parser = parse_size)]
     pub size: u64,
+    /// Largest size the pool may grow to; writes past it answer `-OOM ...` while reads go on.
+    #[arg(long, default_value = "1TiB", value_parser = parse_size)]
+    pub max_size: u64,
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1")]
     pub bind: String,
@@ -39,6 +42,7 @@ impl ServeArgs {
         Config {
             pool: self.pool,
             size: self.size,
+            max_size: self.max_size,
             bind: self.bind,
             port: self.port,
             threads: self.threads.unwrap_or(d.threads),

@@ -34,6 +34,8 @@ pub struct Config {
     pub pool: PathBuf,
     /// Initial size of a new pool.
     pub size: u64,
+    /// Largest size the pool may grow to.
+    pub max_size: u64,
     pub bind: String,
     /// TCP port; 0 picks a free one (the readiness line names it).
     pub port: u16,
@@ -49,6 +51,7 @@ impl Default for Config {
         Config {
             pool: PathBuf::from("./nvstore.nvs"),
             size: 64 << 20,
+            max_size: 1 << 40,
             bind: "127.0.0.1".into(),
             port: 6380,
             threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
@@ -71,6 +74,7 @@ pub fn serve(cfg: Config) -> Result<(), String> {
     }
     let opts = nvstore::Options {
         size: cfg.size,
+        max_size: cfg.max_size.max(cfg.size),
         ..Default::default()
     };
     let t = Instant::now();

@@ -206,8 +206,8 @@ async fn connection(sh: &Arc<Shared>, mut sock: TcpStream, id: u64) -> std::io::
             if close {
                 return Ok(());
             }
-            if bad.is_none() && !buf.is_empty() && buf.len() >= 2 && conn.is_some() {
-                // More complete requests may wait in the buffer.
+            if bad.is_none() && !buf.is_empty() {
+                // More complete requests may wait in the buffer (the batch was full).
                 continue;
             }
         }

@@ -262,14 +262,14 @@ pub fn execute(sh: &Arc<Shared>, c: &mut Conn, args: Vec<Bytes>) -> Reply {
         }
         return unknown_command(&args);
     };
-    if !c.authed && !matches!(spec.name, "auth" | "hello" | "quit" | "reset") {
-        return Reply::err("NOAUTH Authentication required.");
-    }
     if !arity_ok(spec, args.len()) {
         if c.multi.is_some() {
             c.multi_error = true;
         }
         return wrong_arity(spec.name);
+    }
+    if !c.authed && !matches!(spec.name, "auth" | "hello" | "quit" | "reset") {
+        return Reply::err("NOAUTH Authentication required.");
     }
     if let Some(q) = &mut c.multi {
         if !matches!(spec.name, "exec" | "discard" | "multi" | "watch" | "quit" | "reset") {

@@ -193,6 +193,10 @@ struct CrashtestArgs {
     /// Drop this persistence point (checks that the checker catches it; see --list-points).
     #[arg(long, value_name = "POINT")]
     drop: Option<String>,
+    /// Make one operation in four a write batch or transaction over several
+    /// keys, which every crash image must show whole or not at all.
+    #[arg(long)]
+    txn: bool,
     /// Print the report as one JSON object.
     #[arg(long)]
     json: bool,
@@ -709,6 +713,7 @@ fn crashtest(a: CrashtestArgs) -> CmdResult {
         seed: a.seed,
         threads: a.threads,
         drop: a.drop.clone(),
+        txn: a.txn,
         ..crashtest::Config::default()
     };
     let r = crashtest::run(&cfg);
@@ -717,7 +722,7 @@ fn crashtest(a: CrashtestArgs) -> CmdResult {
         format!("{v}\n")
     } else {
         format!(
-            "crashtest: leaf {}, {} ops, seed {}, {} thread(s), drop {}\n\
+            "crashtest: leaf {}, {} ops, seed {}, {} thread(s), drop {}{}\n\
              crash states checked: {}\n\
              points covered:       {} of {}\n\
              violations:           {}\n\
@@ -728,6 +733,7 @@ fn crashtest(a: CrashtestArgs) -> CmdResult {
             r.seed,
             r.threads,
             r.drop.as_deref().unwrap_or("none"),
+            if a.txn { ", with transactions" } else { "" },
             r.crash_states,
             r.points_covered.len(),
             points.len(),

@@ -12,7 +12,10 @@
 //! 6. the durable count a reader uses equals the persistent count;
 //! 7. allocator coverage: reachable and free blocks are disjoint and cover
 //!    every block (no leak, no double use);
-//! 8. the key count equals the number of valid keys.
+//! 8. the key count equals the number of valid keys;
+//! 9. a key's versions never decrease in append order, none is newer than
+//!    the clock, and no element of a transaction without a commit record is
+//!    published (a read-only open reads below them instead).
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::Ordering;
@@ -43,6 +46,8 @@ pub fn check<S: Space, L: LeafFormat>(tree: &Tree<S, L>, h: &Header) -> CheckRep
     let mut r = CheckReport::default();
     let mut problems = Vec::new();
     let pool = header::pool_size(s);
+    let committed = s.load(header::TXN_COMMIT_OFF);
+    let last_ts = tree.clock.last();
     let chain = match recovery::walk_chain::<S, L>(s, h, &tree.path) {
         Ok(c) => c,
         Err(e) => {
@@ -74,18 +79,30 @@ pub fn check<S: Space, L: LeafFormat>(tree: &Tree<S, L>, h: &Header) -> CheckRep
             problems.push(format!("leaf {off}: invalid size {size}"));
             continue;
         }
-        let n = L::count(s, off);
-        if n > L::capacity(size) {
-            problems.push(format!("leaf {off}: count {n} exceeds capacity {}", L::capacity(size)));
+        let persistent = L::count(s, off);
+        if persistent > L::capacity(size) {
+            problems.push(format!(
+                "leaf {off}: count {persistent} exceeds capacity {}",
+                L::capacity(size)
+            ));
             continue;
         }
-        if e.leaf.durable.load(Ordering::Acquire) != n {
+        let n = e.leaf.durable.load(Ordering::Acquire);
+        // A read-only open cannot undo an uncommitted transaction's
+        // elements; it only stops reading before them.
+        let undone = !s.writable()
+            && n < persistent
+            && (n..persistent).all(|i| {
+                let m = Meta::decode(s.read_u64(crate::format::leaf_nv::elem(off, i) + crate::format::leaf_nv::E_META));
+                m.is_some_and(|m| m.txn && m.version > committed)
+            });
+        if n != persistent && !undone {
             problems.push(format!(
-                "leaf {off}: durable count {} differs from persistent count {n}",
-                e.leaf.durable.load(Ordering::Acquire)
+                "leaf {off}: durable count {n} differs from persistent count {persistent}"
             ));
         }
         let mut newest: HashMap<Vec<u8>, bool> = HashMap::new();
+        let mut versions: HashMap<Vec<u8>, u64> = HashMap::new();
         for i in 0..n {
             let el = {
                 let meta_w = s.read_u64(crate::format::leaf_nv::elem(off, i) + crate::format::leaf_nv::E_META);
@@ -112,6 +129,28 @@ pub fn check<S: Space, L: LeafFormat>(tree: &Tree<S, L>, h: &Header) -> CheckRep
             if prev.covers(&el.key) || !e.max.covers(&el.key) {
                 problems.push(format!(
                     "leaf {off} element {i}: key {} outside the leaf's bounds",
+                    show(&el.key)
+                ));
+            }
+            let meta = el.meta();
+            if meta.txn && meta.version > committed {
+                problems.push(format!(
+                    "leaf {off} element {i}: part of transaction {} that has no commit record",
+                    meta.version
+                ));
+            }
+            if meta.version > last_ts {
+                problems.push(format!(
+                    "leaf {off} element {i}: version {} is newer than the clock ({last_ts})",
+                    meta.version
+                ));
+            }
+            if versions
+                .insert(el.key.clone(), meta.version)
+                .is_some_and(|v| v > meta.version)
+            {
+                problems.push(format!(
+                    "leaf {off} element {i}: versions of key {} go backwards",
                     show(&el.key)
                 ));
             }

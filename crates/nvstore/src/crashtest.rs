@@ -96,6 +96,7 @@ use crate::format::leaf_nv;
 use crate::pmem::sim::CaptureConfig;
 use crate::pmem::{points, FlushKind, MappingKind, Point, SimSpace, Space};
 use crate::recovery::RecoveryKind;
+use crate::txn::WriteBatch;
 
 /// Settings of one campaign.
 #[derive(Clone, Debug)]
@@ -129,6 +130,9 @@ pub struct Config {
     pub max_details: usize,
     /// Threads that recover and check images (0: one per core).
     pub check_threads: usize,
+    /// Make one op in four a write batch or transaction over several keys,
+    /// which must be all or nothing in every image.
+    pub txn: bool,
 }
 
 impl Default for Config {
@@ -149,6 +153,7 @@ impl Default for Config {
             stop_after: 0,
             max_details: 10,
             check_threads: 0,
+            txn: false,
         }
     }
 }
@@ -162,6 +167,8 @@ pub struct WorkStats {
     pub gets: u64,
     pub large_values: u64,
     pub huge_values: u64,
+    /// Write batches and transactions (`txn` campaigns).
+    pub txns: u64,
     pub splits: u64,
     pub replaces: u64,
     pub merges: u64,
@@ -200,7 +207,8 @@ pub struct Report {
     pub images_by_kind: BTreeMap<String, u64>,
     /// Images that also got the recover-twice and work-continues checks.
     pub sampled: u64,
-    /// How often the dropped point was skipped on the main line.
+    /// How often the dropped point was skipped, on the main line and in
+    /// recovered pools.
     pub drop_hits: u64,
     pub work: WorkStats,
 }
@@ -272,6 +280,7 @@ pub fn run(cfg: &Config) -> Report {
         *r.images_by_kind.entry(k).or_default() += 1;
     }
     r.sampled = done.sampled;
+    r.drop_hits += done.drop_hits;
     let mut points = c.points;
     points.extend(done.points);
     r.points_covered = points.iter().map(|p| p.to_string()).collect();
@@ -596,22 +605,36 @@ enum Op {
     Put(Vec<u8>, Val),
     Del(Vec<u8>),
     Get(Vec<u8>),
+    /// A write batch (`None`: delete) over distinct keys: all or nothing.
+    Batch(Vec<(Vec<u8>, Option<Val>)>),
+    /// A transaction that reads each key, then writes it as given.
+    Txn(Vec<(Vec<u8>, Option<Val>)>),
 }
 
 impl Op {
-    /// The model change this op makes, if it writes.
-    fn effect(&self) -> Option<(Vec<u8>, Option<Val>)> {
+    /// The model changes this op makes (all or none of them).
+    fn effect(&self) -> Vec<(Vec<u8>, Option<Val>)> {
         match self {
-            Op::Put(k, v) => Some((k.clone(), Some(v.clone()))),
-            Op::Del(k) => Some((k.clone(), None)),
-            Op::Get(_) => None,
+            Op::Put(k, v) => vec![(k.clone(), Some(v.clone()))],
+            Op::Del(k) => vec![(k.clone(), None)],
+            Op::Get(_) => Vec::new(),
+            Op::Batch(w) | Op::Txn(w) => w.clone(),
         }
     }
     fn describe(&self) -> String {
+        let many = |what: &str, w: &[(Vec<u8>, Option<Val>)]| {
+            let ks: Vec<String> = w
+                .iter()
+                .map(|(k, v)| format!("{}{}", if v.is_some() { "+" } else { "-" }, show(k)))
+                .collect();
+            format!("{what} [{}]", ks.join(" "))
+        };
         match self {
             Op::Put(k, v) => format!("put {} ({} B value)", show(k), v.len()),
             Op::Del(k) => format!("delete {}", show(k)),
             Op::Get(k) => format!("get {}", show(k)),
+            Op::Batch(w) => many("write batch", w),
+            Op::Txn(w) => many("transaction", w),
         }
     }
 }
@@ -700,6 +723,8 @@ fn phase_of(op: u64) -> Phase {
 struct Gen {
     rng: StdRng,
     keys_per_thread: u32,
+    /// Make one op in four a write batch or transaction.
+    txn: bool,
     /// Per writer: the sliding window of keys `[lo, hi)` (see [`window_key`]).
     window: [(u64, u64); 2],
 }
@@ -759,6 +784,29 @@ impl Gen {
             stats.large_values += 1;
             let len = self.rng.gen_range(19_000..20_400);
             return Op::Put(key_of(t, self.rng.gen_range(0..4)), Arc::new(value_of(g, len)));
+        }
+        if self.txn && self.rng.gen_ratio(1, 4) {
+            // Several of the writer's keys, usually in different leaves;
+            // puts and deletes of present and absent keys.
+            let mut w: Vec<(Vec<u8>, Option<Val>)> = Vec::new();
+            for _ in 0..self.rng.gen_range(2..=6) {
+                let k = key_of(t, self.pick_id(t));
+                if w.iter().any(|(x, _)| *x == k) {
+                    continue;
+                }
+                let del = match phase {
+                    Phase::Fill => self.rng.gen_ratio(1, 6),
+                    Phase::Churn => self.rng.gen_ratio(1, 3),
+                    Phase::Drain => self.rng.gen_ratio(2, 3),
+                };
+                w.push((k, (!del).then(|| self.value(g))));
+            }
+            stats.txns += 1;
+            return if self.rng.gen_bool(0.5) {
+                Op::Batch(w)
+            } else {
+                Op::Txn(w)
+            };
         }
         let r = self.rng.gen_range(0..100);
         // Find a key present (or absent) in the model, a few tries.
@@ -856,7 +904,9 @@ impl Ctx {
 #[derive(Clone)]
 struct Allowed {
     base: Arc<Model>,
-    inflight: Vec<(Vec<u8>, Option<Val>)>,
+    /// Per in-flight op, the keys it wrote with their values before it:
+    /// each op is undone whole or not at all.
+    inflight: Vec<Vec<(Vec<u8>, Option<Val>)>>,
     /// The pool's creation was not acknowledged yet: "not a pool" is fine.
     creating: bool,
     /// A clean close was acknowledged: recovery must be instant.
@@ -880,8 +930,11 @@ impl Allowed {
 
     /// Expected value of `k` in candidate `mask`.
     fn get(&self, mask: usize, k: &[u8]) -> Option<&[u8]> {
-        for (i, (ik, v)) in self.inflight.iter().enumerate() {
-            if mask & (1 << i) != 0 && ik.as_slice() == k {
+        for (i, group) in self.inflight.iter().enumerate() {
+            if mask & (1 << i) == 0 {
+                continue;
+            }
+            if let Some((_, v)) = group.iter().find(|(ik, _)| ik.as_slice() == k) {
                 return v.as_ref().map(|v| v.as_slice());
             }
         }
@@ -890,9 +943,11 @@ impl Allowed {
 
     fn len(&self, mask: usize) -> usize {
         let mut n = self.base.len() as i64;
-        for (i, (k, v)) in self.inflight.iter().enumerate() {
+        for (i, group) in self.inflight.iter().enumerate() {
             if mask & (1 << i) != 0 {
-                n += v.is_some() as i64 - self.base.contains_key(k) as i64;
+                for (k, v) in group {
+                    n += v.is_some() as i64 - self.base.contains_key(k) as i64;
+                }
             }
         }
         n as usize
@@ -905,12 +960,14 @@ impl Allowed {
 
     fn materialize(&self, mask: usize) -> Model {
         let mut m = (*self.base).clone();
-        for (i, (k, v)) in self.inflight.iter().enumerate() {
+        for (i, group) in self.inflight.iter().enumerate() {
             if mask & (1 << i) != 0 {
-                match v {
-                    Some(v) => m.insert(k.clone(), v.clone()),
-                    None => m.remove(k),
-                };
+                for (k, v) in group {
+                    match v {
+                        Some(v) => m.insert(k.clone(), v.clone()),
+                        None => m.remove(k),
+                    };
+                }
             }
         }
         m
@@ -943,7 +1000,7 @@ impl Allowed {
                 out.push(format!("extra {}", show(k)));
             }
         }
-        let infl: Vec<String> = self.inflight.iter().map(|(k, _)| show(k)).collect();
+        let infl: Vec<String> = self.inflight.iter().flatten().map(|(k, _)| show(k)).collect();
         format!(
             "{} pairs, model has {} (+/- in flight [{}]): {}",
             pairs.len(),
@@ -993,6 +1050,7 @@ struct Done {
     findings: Vec<(u64, u64, Ctx, String)>,
     points: BTreeSet<&'static str>,
     sampled: u64,
+    drop_hits: u64,
 }
 
 impl Done {
@@ -1002,6 +1060,7 @@ impl Done {
         self.findings.extend(o.findings);
         self.points.extend(o.points);
         self.sampled += o.sampled;
+        self.drop_hits += o.drop_hits;
     }
 }
 
@@ -1038,6 +1097,7 @@ fn process(env: &Env, shared: &Shared, task: Task) -> Done {
     };
     let checked = check_image(env, job, &task.allowed);
     done.points.extend(&checked.points);
+    done.drop_hits += checked.drop_hits;
     done.sampled += checked.sampled as u64;
     for p in checked.problems {
         done.findings.push((task.seq, 0, task.ctx.clone(), p));
@@ -1064,6 +1124,7 @@ fn process(env: &Env, shared: &Shared, task: Task) -> Done {
         };
         let c = check_image(env, job, &rec_allowed);
         done.points.extend(&c.points);
+        done.drop_hits += c.drop_hits;
         done.sampled += c.sampled as u64;
         let ctx = Ctx {
             point: ri.point,
@@ -1104,6 +1165,30 @@ fn exec(db: &Db<Probe>, op: &Op) -> OpResult {
             }
             Op::Del(k) => Outcome::Deleted(db.delete(k)?),
             Op::Get(k) => Outcome::Got(db.get(k)?),
+            Op::Batch(w) => {
+                let mut b = WriteBatch::new();
+                for (k, v) in w {
+                    match v {
+                        Some(v) => b.put(k, v),
+                        None => b.delete(k),
+                    }
+                }
+                db.write_batch(b)?;
+                Outcome::Put
+            }
+            Op::Txn(w) => {
+                db.transaction(|tx| {
+                    for (k, v) in w {
+                        tx.get(k)?;
+                        match v {
+                            Some(v) => tx.put(k, v)?,
+                            None => tx.delete(k)?,
+                        }
+                    }
+                    Ok(())
+                })?;
+                Outcome::Put
+            }
         })
     }));
     match r {
@@ -1189,6 +1274,7 @@ impl<'c> Campaign<'c> {
             gen: Gen {
                 rng: StdRng::seed_from_u64(cfg.seed),
                 keys_per_thread: keys_per_thread(cfg),
+                txn: cfg.txn,
                 window: [(0, 0); 2],
             },
             check_rng: StdRng::seed_from_u64(cfg.seed ^ 0xC0FF_EE00_D15E_A5E5),
@@ -1612,6 +1698,8 @@ struct Checked {
     recovery_images: Vec<Image>,
     points: BTreeSet<&'static str>,
     sampled: bool,
+    /// Dropped-point hits in the recovered pool (recovery and work after it).
+    drop_hits: u64,
 }
 
 /// Recovers one image and checks it.
@@ -1641,6 +1729,7 @@ fn check_image(env: &Env, mut job: CheckJob, allowed: &Allowed) -> Checked {
         out.problems
             .push(format!("checking the recovered pool panicked: {}", panic_msg(&p)));
     }
+    out.drop_hits = db.space().sim.drop_hits();
     // Dropped without a clean shutdown: read-only, so dropping writes
     // nothing and cannot trip over a broken pool.
     db.space().set_read_only();
@@ -1681,7 +1770,7 @@ fn verify(env: &Env, db: &Db<Probe>, allowed: &Allowed, job: &CheckJob, out: &mu
     // Point gets agree with the scan, also for keys in flight.
     let scanned: BTreeMap<&[u8], &[u8]> = pairs.iter().map(|(k, v)| (k.as_slice(), v.as_slice())).collect();
     let mut probe_keys: Vec<&[u8]> = scanned.keys().copied().collect();
-    probe_keys.extend(allowed.inflight.iter().map(|(k, _)| k.as_slice()));
+    probe_keys.extend(allowed.inflight.iter().flatten().map(|(k, _)| k.as_slice()));
     for k in probe_keys {
         let got = db.get(k).ok().flatten();
         if got.as_deref() != scanned.get(k).copied() {
@@ -1739,39 +1828,52 @@ fn verify(env: &Env, db: &Db<Probe>, allowed: &Allowed, job: &CheckJob, out: &mu
     if !problems.is_empty() {
         return;
     }
-    // Work continues on the recovered pool.
-    let mut model = allowed.materialize(mask);
-    let mut rng = StdRng::seed_from_u64(job.seed);
-    let threads = env.cfg.threads.clamp(1, 2);
-    let mut gen = Gen {
-        rng: StdRng::seed_from_u64(rng.gen()),
-        keys_per_thread: env.keys_per_thread,
-        window: [(0, 0); 2],
-    };
-    let mut scratch = WorkStats::default();
-    for i in 0..8 {
-        let t = rng.gen_range(0..threads);
-        let phase = [Phase::Fill, Phase::Churn, Phase::Drain][rng.gen_range(0..3)];
-        let op = gen.op(t, 1 << 40 | job.op << 8 | i, phase, &model, &mut scratch);
-        let want = expected(&op, &model);
-        match exec(db, &op) {
-            Ok(o) if o == want => {}
-            Ok(o) => {
-                problems.push(format!(
-                    "after recovery, {} returned {}, model says {}",
-                    op.describe(),
-                    outcome_str(&o),
-                    outcome_str(&want)
-                ));
-                return;
+    // Work continues on the recovered pool, on another thread than the one
+    // that recovered it (as an application opens a pool and hands it to
+    // workers): recovery's own writes must be durable by its own fences.
+    let model = std::thread::scope(|sc| {
+        sc.spawn(|| -> std::result::Result<Model, String> {
+            let mut model = allowed.materialize(mask);
+            let mut rng = StdRng::seed_from_u64(job.seed);
+            let threads = env.cfg.threads.clamp(1, 2);
+            let mut gen = Gen {
+                rng: StdRng::seed_from_u64(rng.gen()),
+                keys_per_thread: env.keys_per_thread,
+                txn: env.cfg.txn,
+                window: [(0, 0); 2],
+            };
+            let mut scratch = WorkStats::default();
+            for i in 0..8 {
+                let t = rng.gen_range(0..threads);
+                let phase = [Phase::Fill, Phase::Churn, Phase::Drain][rng.gen_range(0..3)];
+                let op = gen.op(t, 1 << 40 | job.op << 8 | i, phase, &model, &mut scratch);
+                let want = expected(&op, &model);
+                match exec(db, &op) {
+                    Ok(o) if o == want => {}
+                    Ok(o) => {
+                        return Err(format!(
+                            "after recovery, {} returned {}, model says {}",
+                            op.describe(),
+                            outcome_str(&o),
+                            outcome_str(&want)
+                        ))
+                    }
+                    Err(e) => return Err(format!("after recovery, {} failed: {e}", op.describe())),
+                }
+                apply(&mut model, &op);
             }
-            Err(e) => {
-                problems.push(format!("after recovery, {} failed: {e}", op.describe()));
-                return;
-            }
+            Ok(model)
+        })
+        .join()
+        .unwrap_or_else(|p| Err(format!("work after recovery panicked: {}", panic_msg(&p))))
+    });
+    let model = match model {
+        Ok(m) => m,
+        Err(e) => {
+            problems.push(e);
+            return;
         }
-        apply(&mut model, &op);
-    }
+    };
     let pairs: Vec<(Vec<u8>, Vec<u8>)> = db.iter().collect();
     let model = Arc::new(model);
     let a = Allowed::exactly(model.clone());
@@ -1791,6 +1893,26 @@ fn verify(env: &Env, db: &Db<Probe>, allowed: &Allowed, job: &CheckJob, out: &mu
             "check after work on the recovered pool failed: {}",
             r.problems.join("; ")
         ));
+        return;
+    }
+    // Then a crash: the persisted bytes hold every acknowledged write of
+    // both lives of the pool (so recovery's own writes were durable before
+    // the work that followed relied on them).
+    let image = db.space().sim.persisted_image();
+    let probe = env.probe(SimSpace::from_image(image), None);
+    match catch_unwind(AssertUnwindSafe(|| Db::open_space(probe, Path::new(PATH)))) {
+        Ok(Ok(db3)) => {
+            db3.space().set_read_only();
+            let pairs: Vec<(Vec<u8>, Vec<u8>)> = db3.iter().collect();
+            if !a.matches(0, &pairs) {
+                problems.push(format!("crash after work on the recovered pool: {}", a.diff(&pairs)));
+            }
+        }
+        Ok(Err(e)) => problems.push(format!("recovery after work on the recovered pool failed: {e}")),
+        Err(p) => problems.push(format!(
+            "recovery after work on the recovered pool panicked: {}",
+            panic_msg(&p)
+        )),
     }
 }
 
@@ -1822,20 +1944,31 @@ fn leaves_sane(db: &Db<Probe>) -> std::result::Result<(), String> {
 /// What `op` must return against `model`.
 fn expected(op: &Op, model: &Model) -> Outcome {
     match op {
-        Op::Put(..) => Outcome::Put,
+        Op::Put(..) | Op::Batch(_) | Op::Txn(_) => Outcome::Put,
         Op::Del(k) => Outcome::Deleted(model.contains_key(k)),
         Op::Get(k) => Outcome::Got(model.get(k).map(|v| v.to_vec())),
     }
 }
 
-/// Applies `op` to `model`; returns the key's previous value if it writes.
-fn apply(model: &mut Model, op: &Op) -> Option<(Vec<u8>, Option<Val>)> {
-    let (k, v) = op.effect()?;
-    let old = match v {
-        Some(v) => model.insert(k.clone(), v),
-        None => model.remove(&k),
-    };
-    Some((k, old))
+/// Applies `op` to `model`; returns the keys it wrote with their previous
+/// values (`None` if it writes nothing).
+fn apply(model: &mut Model, op: &Op) -> Option<Vec<(Vec<u8>, Option<Val>)>> {
+    let effect = op.effect();
+    if effect.is_empty() {
+        return None;
+    }
+    Some(
+        effect
+            .into_iter()
+            .map(|(k, v)| {
+                let old = match v {
+                    Some(v) => model.insert(k.clone(), v),
+                    None => model.remove(&k),
+                };
+                (k, old)
+            })
+            .collect(),
+    )
 }
 
 /// A 64-bit content hash of an image for deduplication across spaces: four

@@ -109,6 +109,18 @@ pub struct Stat {
     pub merges: u64,
     pub rebuilds: u64,
     pub rebuild_ms: f64,
+    /// Newest commit timestamp visible now.
+    pub last_commit_ts: u64,
+    /// Timestamp of the oldest live snapshot (or transaction), if any:
+    /// leaf rewrites keep the versions it reads.
+    pub oldest_snapshot: Option<u64>,
+    /// Live snapshots and transactions.
+    pub snapshots: u64,
+    /// Transactions and write batches committed since open, those that
+    /// spanned several leaves, and commits refused for a conflict.
+    pub commits: u64,
+    pub multi_leaf_commits: u64,
+    pub conflicts: u64,
 }
 
 impl Db<FileSpace> {
@@ -206,7 +218,7 @@ impl<S: Space> Db<S> {
             max: crate::tree::index::Bound::PosInf,
             leaf: Arc::new(crate::tree::LeafRef::with(leaf, opts.node_size as u64, 0)),
         }];
-        let tree = Tree::assemble(space, alloc, entries, opts.node_size as u64, 0, path.into());
+        let tree = Tree::assemble(space, alloc, entries, opts.node_size as u64, 0, 0, path.into());
         let recovery = Recovery {
             kind: RecoveryKind::Created,
             millis: t.elapsed().as_secs_f64() * 1e3,
@@ -268,10 +280,16 @@ impl<S: Space> Db<S> {
             merges: st.merges.load(Relaxed),
             rebuilds: st.rebuilds.load(Relaxed),
             rebuild_ms: st.rebuild_ns.load(Relaxed) as f64 / 1e6,
+            last_commit_ts: self.tree.clock.last(),
+            oldest_snapshot: self.tree.clock.oldest_snapshot(),
+            snapshots: self.tree.clock.snapshots() as u64,
+            commits: st.commits.load(Relaxed),
+            multi_leaf_commits: st.multi_leaf_commits.load(Relaxed),
+            conflicts: st.conflicts.load(Relaxed),
         }
     }
 
-    fn writable(&self) -> Result<()> {
+    pub(crate) fn writable(&self) -> Result<()> {
         if self.tree.space.writable() {
             Ok(())
         } else {
@@ -409,7 +427,7 @@ impl<S: Space> Drop for Db<S> {
     }
 }
 
-fn owned(b: RB<&impl AsRef<[u8]>>) -> RB<Vec<u8>> {
+pub(crate) fn owned(b: RB<&impl AsRef<[u8]>>) -> RB<Vec<u8>> {
     match b {
         RB::Included(k) => RB::Included(k.as_ref().to_vec()),
         RB::Excluded(k) => RB::Excluded(k.as_ref().to_vec()),

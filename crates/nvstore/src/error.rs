@@ -52,6 +52,11 @@ pub enum Error {
     #[error("pool is open read-only")]
     ReadOnly,
 
+    /// A transaction lost a write-write race (first committer wins) or a
+    /// watched key changed; nothing of it was written. Retry it.
+    #[error("transaction conflict: a key it writes or watches was changed by a newer commit; nothing was written")]
+    Conflict,
+
     #[error("{path}: {source}")]
     Io {
         path: PathBuf,

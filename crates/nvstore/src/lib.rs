@@ -32,6 +32,7 @@ pub mod format;
 pub mod pmem;
 pub mod recovery;
 pub mod tree;
+pub mod txn;
 
 /// The README's examples compile and run as doc tests.
 #[cfg(doctest)]
@@ -43,3 +44,4 @@ pub use db::{Db, Options, Stat};
 pub use error::{Error, Result};
 pub use format::header::LeafFormat;
 pub use recovery::{Recovery, RecoveryKind};
+pub use txn::{Snapshot, Txn, WriteBatch};

@@ -7,8 +7,13 @@
 //! - Otherwise (rebuild-from-LN): walk the leaf chain, scan every leaf on
 //!   both cores for its largest key, its valid keys and the blobs it
 //!   references, build the inner index from the leaves and the allocator by
-//!   reachability. NV leaves need no repair, so recovery writes nothing and
-//!   is idempotent: a crash during it is just another crash.
+//!   reachability. NV leaves need no repair, with one exception: a
+//!   multi-leaf transaction cut short by the crash left elements flagged TXN,
+//!   newer than the header's commit record, at the end of some leaves;
+//!   recovery lowers those leaves' counts below them (flushed and fenced
+//!   before the pool is used, so no later commit record can make them count).
+//!   Lowering a count again is harmless, so recovery stays idempotent: a
+//!   crash during it is just another crash.
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -19,7 +24,7 @@ use crate::alloc::Allocator;
 use crate::error::{Error, Result};
 use crate::format::leaf_nv::{self, Meta};
 use crate::format::{blob, header, saved};
-use crate::pmem::{Space, LINE};
+use crate::pmem::{points, Space, LINE};
 use crate::tree::index::{Bound, Entry};
 use crate::tree::leaf::{self, LeafFormat};
 use crate::tree::{LeafRef, Tree};
@@ -54,7 +59,10 @@ struct LeafScan {
     off: u64,
     size: u64,
     count: u64,
+    /// The persistent count was higher: elements of an uncommitted transaction follow.
+    undo: bool,
     max: Option<Vec<u8>>,
+    max_version: u64,
     valid: u64,
     blobs: Vec<u64>,
 }
@@ -130,7 +138,7 @@ pub fn walk_chain<S: Space, L: LeafFormat>(s: &S, h: &header::Header, path: &Pat
     Ok(offs)
 }
 
-fn scan_leaf<S: Space, L: LeafFormat>(s: &S, off: u64, path: &Path) -> Result<LeafScan> {
+fn scan_leaf<S: Space, L: LeafFormat>(s: &S, off: u64, committed: u64, path: &Path) -> Result<LeafScan> {
     let pool = header::pool_size(s);
     let size = L::size(s, off);
     if size < leaf_nv::MIN_SIZE || size % LINE != 0 || size > pool - off {
@@ -144,11 +152,25 @@ fn scan_leaf<S: Space, L: LeafFormat>(s: &S, off: u64, path: &Path) -> Result<Le
         ));
     }
     let mut blobs = Vec::new();
+    // Elements of a transaction without a commit record end the leaf.
+    let mut kept = count;
     for i in 0..count {
         let e = leaf_nv::elem(off, i);
         let meta_w = s.read_u64(e + leaf_nv::E_META);
         let meta = Meta::decode(meta_w)
             .ok_or_else(|| corrupt(path, format!("leaf {off} element {i} has invalid metadata {meta_w:#x}")))?;
+        let uncommitted = meta.txn && meta.version > committed;
+        if uncommitted && kept == count {
+            kept = i;
+        } else if !uncommitted && kept < count {
+            return Err(corrupt(
+                path,
+                format!("leaf {off} element {i} follows elements of an uncommitted transaction"),
+            ));
+        }
+        if uncommitted {
+            continue;
+        }
         let b = s.read_u64(e + leaf_nv::E_BLOB);
         if meta.needs_blob() {
             validate_blob(s, b, meta, pool).map_err(|w| corrupt(path, format!("leaf {off} element {i}: {w}")))?;
@@ -161,14 +183,15 @@ fn scan_leaf<S: Space, L: LeafFormat>(s: &S, off: u64, path: &Path) -> Result<Le
         }
     }
     // Every element is valid now; collate for the leaf's bound and live keys.
-    let c = leaf::collate(s, off, count);
-    let (max, valid) = (c.max_key, c.valid.len() as u64);
+    let c = leaf::collate(s, off, kept, leaf::Keep::At(u64::MAX));
     Ok(LeafScan {
         off,
         size,
-        count,
-        max,
-        valid,
+        count: kept,
+        undo: kept < count,
+        max: c.max_key,
+        max_version: c.max_version,
+        valid: c.live,
         blobs,
     })
 }
@@ -199,6 +222,7 @@ fn rebuild_from_leaves<S: Space, L: LeafFormat>(
 ) -> Result<Tree<S, L>> {
     let s = &*space;
     let offs = walk_chain::<S, L>(s, h, path)?;
+    let committed = s.load(header::TXN_COMMIT_OFF);
     // Scan leaves on both cores (DESIGN §12).
     let threads = std::thread::available_parallelism()
         .map_or(1, |n| n.get())
@@ -210,7 +234,7 @@ fn rebuild_from_leaves<S: Space, L: LeafFormat>(
             .map(|part| {
                 sc.spawn(move || {
                     part.iter()
-                        .map(|&o| scan_leaf::<S, L>(s, o, path))
+                        .map(|&o| scan_leaf::<S, L>(s, o, committed, path))
                         .collect::<Result<Vec<_>>>()
                 })
             })
@@ -224,6 +248,17 @@ fn rebuild_from_leaves<S: Space, L: LeafFormat>(
     for r in scans {
         leaves.extend(r?);
     }
+    // Undo the transaction the crash cut short, durably, before anything
+    // else can commit.
+    let undo: Vec<&LeafScan> = leaves.iter().filter(|l| l.undo).collect();
+    if !undo.is_empty() && s.writable() {
+        for l in &undo {
+            s.store(l.off + leaf_nv::COUNT_OFF, l.count);
+            s.flush(l.off + leaf_nv::COUNT_OFF, 8, points::TXN_UNDO_FLUSH);
+        }
+        s.fence(points::TXN_UNDO_FENCE);
+    }
+    let last_ts = leaves.iter().map(|l| l.max_version).max().unwrap_or(0).max(committed);
     let mut reachable: BTreeSet<u64> = BTreeSet::new();
     let mut entries = Vec::with_capacity(leaves.len());
     let mut keys = 0;
@@ -272,7 +307,15 @@ fn rebuild_from_leaves<S: Space, L: LeafFormat>(
             });
         }
     }
-    Ok(Tree::assemble(space, alloc, entries, node_size, keys, path.into()))
+    Ok(Tree::assemble(
+        space,
+        alloc,
+        entries,
+        node_size,
+        keys,
+        last_ts,
+        path.into(),
+    ))
 }
 
 /// Loads the clean-shutdown state; `None` when it does not verify (then
@@ -351,7 +394,16 @@ fn load_saved<S: Space, L: LeafFormat>(
         return Ok(None);
     };
     let alloc = Arc::new(alloc);
-    let tree = Tree::assemble(space.clone(), alloc, entries, h.node_size as u64, keys, path.into());
+    let last_ts = s.load(header::LAST_TS_OFF).max(s.load(header::TXN_COMMIT_OFF));
+    let tree = Tree::assemble(
+        space.clone(),
+        alloc,
+        entries,
+        h.node_size as u64,
+        keys,
+        last_ts,
+        path.into(),
+    );
     Ok(Some((tree, at)))
 }
 
@@ -400,6 +452,7 @@ pub fn save_clean<S: Space, L: LeafFormat>(tree: &Tree<S, L>) -> Result<()> {
         // before the state does is harmless: the state fails its checksum or
         // its tag, and the next open rebuilds from the leaves.
         let tag = sealed[saved::CRC_W] & CLEAN_TAG_MASK;
+        header::set_root(s, header::LAST_TS_OFF, tree.clock.last());
         header::set_root(s, header::CLEAN_STATE_OFF, block | (tag << CLEAN_TAG_SHIFT));
         return s.sync();
     }

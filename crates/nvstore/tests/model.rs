@@ -19,6 +19,11 @@ enum Op {
     Reopen,
     /// Process crash (every store so far reached memory), rebuild on open.
     Crash,
+    /// A write batch (`None`: delete).
+    Batch(Vec<(Vec<u8>, Option<Vec<u8>>)>),
+    /// A snapshot taken now, checked against the model as it was after
+    /// the next `n` operations.
+    Snapshot(usize),
 }
 
 fn key() -> impl Strategy<Value = Vec<u8>> {
@@ -54,6 +59,8 @@ fn op() -> impl Strategy<Value = Op> {
         1 => proptest::collection::vec(0u8..4, 0..3).prop_map(Op::Prefix),
         1 => Just(Op::Reopen),
         1 => Just(Op::Crash),
+        2 => proptest::collection::vec((key(), proptest::option::weighted(0.8, value())), 1..40).prop_map(Op::Batch),
+        1 => (1usize..30).prop_map(Op::Snapshot),
     ]
 }
 
@@ -85,6 +92,11 @@ fn small_opts() -> Options {
 fn run(ops: Vec<Op>) {
     let mut db = Db::create_in(SimSpace::new(4 << 20), "model".as_ref(), &small_opts()).unwrap();
     let mut m = BTreeMap::new();
+    // Open snapshots: (operations left, model at the snapshot, its contents
+    // read when taken); checked again when the countdown ends.
+    type Pin = std::sync::Arc<nvstore::tree::SnapshotPin<SimSpace, nvstore::tree::leaf::Nv>>;
+    type Open = (usize, BTreeMap<Vec<u8>, Vec<u8>>, Pin);
+    let mut snaps: Vec<Open> = Vec::new();
     for op in ops {
         match op {
             Op::Put(k, v) => {
@@ -110,12 +122,34 @@ fn run(ops: Vec<Op>) {
                     .collect();
                 assert_eq!(got, want);
             }
+            Op::Batch(w) => {
+                let mut b = nvstore::WriteBatch::new();
+                for (k, v) in w {
+                    match v {
+                        Some(v) => {
+                            b.put(&k, &v);
+                            m.insert(k, v);
+                        }
+                        None => {
+                            b.delete(&k);
+                            m.remove(&k);
+                        }
+                    }
+                }
+                db.write_batch(b).unwrap();
+            }
+            Op::Snapshot(n) => {
+                let pin = db.tree().pin_snapshot();
+                snaps.push((n, m.clone(), pin));
+            }
             Op::Reopen => {
+                snaps.clear(); // snapshots do not outlive the open pool
                 let space = db.close_into_space().unwrap();
                 db = Db::open_space(SimSpace::from_image(space.current_image()), "model".as_ref()).unwrap();
                 assert_eq!(db.recovery().kind, nvstore::RecoveryKind::Instant);
             }
             Op::Crash => {
+                snaps.clear();
                 let image = db.space().current_image();
                 std::mem::forget(db); // no clean shutdown: a crash
                 db = Db::open_space(SimSpace::from_image(image), "model".as_ref()).unwrap();
@@ -123,6 +157,20 @@ fn run(ops: Vec<Op>) {
             }
         }
         assert_eq!(db.len(), m.len() as u64);
+        for (left, at, pin) in &mut snaps {
+            *left = left.saturating_sub(1);
+            if *left == 0 {
+                let got: BTreeMap<_, _> = db
+                    .tree()
+                    .range_at(RB::Unbounded, RB::Unbounded, false, Some(pin.clone()))
+                    .collect();
+                assert_eq!(&got, at, "snapshot at {} changed", pin.ts);
+                for (k, v) in at.iter().take(5) {
+                    assert_eq!(db.tree().get_at(k, pin.ts).as_ref(), Some(v));
+                }
+            }
+        }
+        snaps.retain(|(left, _, _)| *left > 0);
         if std::env::var("NVSTORE_CHECK_EVERY_OP").is_ok() {
             let r = db.check();
             assert!(r.ok, "{:?}", r.problems);

@@ -5,7 +5,8 @@
 //!   { u64 magic | u32 version | u32 flags | u8 uuid[16] | u32 leaf_format | u32 node_size
 //!     | u64 chunk_size | u64 data_start | u64 checksum }
 //! line 1: root words, each changed by one 8-byte atomic store, then flushed and fenced
-//!   { u64 pool_size | u64 leaf_head | u64 clean_state | u64 last_ts | u64 reserved[4] }
+//!   { u64 pool_size | u64 leaf_head | u64 clean_state | u64 last_ts | u64 txn_commit
+//!     | u64 reserved[3] }
 //! ```
 //!
 //! - `magic` is stored last at creation: a file whose creation crashed is "not a pool".
@@ -13,6 +14,12 @@
 //! - `clean_state` is 0 while the pool is open (or after a crash); a clean
 //!   shutdown stores the offset of the saved state (inner index and free lists)
 //!   in it with one atomic store: flag and pointer together, as NV-Tree §4.6 does.
+//! - `last_ts` is the commit-timestamp clock saved at clean shutdown (after a
+//!   crash the clock restarts above every element's version instead).
+//! - `txn_commit` is the commit record of multi-leaf transactions: the
+//!   timestamp of the last one committed (DESIGN §11). Such transactions
+//!   commit one at a time, so elements flagged TXN with a newer version
+//!   belong to the one that was cut short by a crash.
 //! - The first `data_start` bytes belong to the header; chunks follow.
 
 use crate::error::{Error, Result};
@@ -37,6 +44,7 @@ pub const POOL_SIZE_OFF: u64 = LINE;
 pub const LEAF_HEAD_OFF: u64 = POOL_SIZE_OFF + 8;
 pub const CLEAN_STATE_OFF: u64 = LEAF_HEAD_OFF + 8;
 pub const LAST_TS_OFF: u64 = CLEAN_STATE_OFF + 8;
+pub const TXN_COMMIT_OFF: u64 = LAST_TS_OFF + 8;
 
 /// Smallest file that can hold a header.
 pub const MIN_FILE: u64 = 2 * LINE;

@@ -5,7 +5,8 @@
 //! then:   element[capacity], 32 bytes each:
 //!         { u64 key_word | u64 blob | u64 value_word | u64 meta }
 //! meta:   bit 63 NEGATIVE | bits 56..59 key_len (0..8, or 15 = in blob)
-//!         | bits 52..55 value_len (0..8, or 15 = in blob) | bits 0..47 version (0 until MVCC)
+//!         | bits 52..55 value_len (0..8, or 15 = in blob) | bit 48 TXN
+//!         | bits 0..47 version (commit timestamp; 0 in pools written before MVCC)
 //! ```
 //!
 //! - Elements are unsorted and append-only. `count` publishes them: an
@@ -22,9 +23,17 @@
 //!   predecessor's `next` (or the header's leaf head) with one atomic store.
 //! - `size` (bytes, a multiple of 64) is written before the leaf is linked
 //!   and never changes; capacity follows from it.
-//! - Recovery rule: nothing to repair. Every published element was persisted
-//!   before its count; elements past `count` are ignored and overwritten by
-//!   the next append.
+//! - `version` is the commit timestamp of the write (DESIGN §11). Elements of
+//!   one key sit in a leaf in timestamp order. A snapshot at `ts` sees, per
+//!   key, the newest element with `version <= ts`.
+//! - `TXN` marks an element of a transaction that spans several leaves: it
+//!   counts only once the header's `txn_commit` word is `>= version`. Such a
+//!   transaction holds every leaf it appends to until its commit record is
+//!   durable, so its elements are the last ones of each leaf.
+//! - Recovery rule: every published element was persisted before its count;
+//!   elements past `count` are ignored and overwritten by the next append.
+//!   Trailing TXN elements newer than `txn_commit` belong to a transaction
+//!   that never committed: recovery lowers `count` below them.
 
 use crate::pmem::LINE;
 
@@ -40,6 +49,7 @@ pub const E_VALUE_WORD: u64 = 16;
 pub const E_META: u64 = 24;
 
 pub const NEGATIVE: u64 = 1 << 63;
+pub const TXN: u64 = 1 << 48;
 pub const LEN_IN_BLOB: u64 = 15;
 const KEY_LEN_SHIFT: u32 = 56;
 const VALUE_LEN_SHIFT: u32 = 52;
@@ -82,6 +92,8 @@ pub struct Meta {
     pub key_inline: Option<u8>,
     /// Inline value length, or `None` when the value is in the blob.
     pub value_inline: Option<u8>,
+    /// Part of a multi-leaf transaction (see the module docs).
+    pub txn: bool,
     pub version: u64,
 }
 
@@ -92,6 +104,7 @@ impl Meta {
         (if self.negative { NEGATIVE } else { 0 })
             | (kl << KEY_LEN_SHIFT)
             | (vl << VALUE_LEN_SHIFT)
+            | (if self.txn { TXN } else { 0 })
             | (self.version & VERSION_MASK)
     }
 
@@ -99,13 +112,18 @@ impl Meta {
     pub fn decode(w: u64) -> Option<Meta> {
         let kl = (w >> KEY_LEN_SHIFT) & 0xf;
         let vl = (w >> VALUE_LEN_SHIFT) & 0xf;
-        if (kl > 8 && kl != LEN_IN_BLOB) || (vl > 8 && vl != LEN_IN_BLOB) || (w >> 60) & 0x7 != 0 {
+        if (kl > 8 && kl != LEN_IN_BLOB)
+            || (vl > 8 && vl != LEN_IN_BLOB)
+            || (w >> 60) & 0x7 != 0
+            || (w >> 49) & 0x7 != 0
+        {
             return None;
         }
         Some(Meta {
             negative: w & NEGATIVE != 0,
             key_inline: (kl != LEN_IN_BLOB).then_some(kl as u8),
             value_inline: (vl != LEN_IN_BLOB).then_some(vl as u8),
+            txn: w & TXN != 0,
             version: w & VERSION_MASK,
         })
     }
@@ -126,24 +144,28 @@ mod tests {
                 negative: false,
                 key_inline: Some(8),
                 value_inline: Some(8),
+                txn: false,
                 version: 0,
             },
             Meta {
                 negative: true,
                 key_inline: None,
                 value_inline: Some(0),
+                txn: true,
                 version: 12345,
             },
             Meta {
                 negative: false,
                 key_inline: Some(0),
                 value_inline: None,
+                txn: false,
                 version: VERSION_MASK,
             },
         ] {
             assert_eq!(Meta::decode(m.encode()), Some(m));
         }
         assert_eq!(Meta::decode(9 << KEY_LEN_SHIFT), None);
+        assert_eq!(Meta::decode(1 << 49), None);
     }
 
     #[test]

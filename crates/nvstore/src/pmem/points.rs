@@ -48,6 +48,13 @@ points! {
     /// Split/replace/merge: the sibling pointer that swaps the new leaves in.
     NV_LINK_FLUSH = "nv.link.flush";
     NV_LINK_FENCE = "nv.link.fence";
+    /// Multi-leaf transaction: the header's commit record, after every leaf's append.
+    TXN_COMMIT_FLUSH = "txn.commit.flush";
+    TXN_COMMIT_FENCE = "txn.commit.fence";
+    /// Recovery: a leaf's count lowered below the elements of a transaction
+    /// that never committed, durable before any new commit record.
+    TXN_UNDO_FLUSH = "txn.undo.flush";
+    TXN_UNDO_FENCE = "txn.undo.fence";
     /// Clean shutdown: the saved index and free lists, before the clean flag
     /// (whose own fence orders this flush).
     SHUTDOWN_STATE_FLUSH = "shutdown.state.flush";

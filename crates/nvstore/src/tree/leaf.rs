@@ -40,6 +40,10 @@ impl Slot {
     pub fn negative(&self) -> bool {
         self.words[3] & nv::NEGATIVE != 0
     }
+    /// Commit timestamp.
+    pub fn version(&self) -> u64 {
+        self.words[3] & nv::VERSION_MASK
+    }
     pub fn blob(&self) -> u64 {
         self.words[1]
     }
@@ -99,19 +103,37 @@ impl Slot {
     }
 }
 
-/// A leaf's elements collated: the newest element of each key that is
-/// positive, in key order, and what is left behind.
+/// Which versions [`collate`] keeps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Keep {
+    /// Per key, the newest element with `version <= ts`, if positive: what a
+    /// reader at `ts` sees (`u64::MAX`: the latest state).
+    At(u64),
+    /// Per key, every element a snapshot at `oldest` or later can need: the
+    /// newest with `version <= oldest` and all newer ones, without leading
+    /// NEGATIVE elements and without the NEGATIVE half of an update (what a
+    /// split, replace or merge writes into the new leaves).
+    Since(u64),
+}
+
+/// A leaf's elements collated: the elements kept, in key order (a key's
+/// versions oldest first), and what is left behind.
 pub struct Collated {
     pub valid: Vec<Slot>,
+    /// Keys whose newest element is positive (the leaf's live keys).
+    pub live: u64,
     /// Blobs referenced only by elements that are not kept.
     pub dropped_blobs: Vec<u64>,
     /// Largest key among all elements (negative ones too), for recovery bounds.
     pub max_key: Option<Vec<u8>>,
+    /// Largest version among all elements.
+    pub max_version: u64,
 }
 
-/// Reads elements `0..n` of a leaf and collates them: one stable sort by key,
-/// then the last element of each run of equal keys is the newest.
-pub fn collate<S: Space>(s: &S, leaf: u64, n: u64) -> Collated {
+/// Reads elements `0..n` of a leaf and collates them: one stable sort by key
+/// (equal keys stay in append order, which is version order), then each run
+/// of equal keys is reduced as `keep` says.
+pub fn collate<S: Space>(s: &S, leaf: u64, n: u64, keep: Keep) -> Collated {
     let mut all: Vec<Slot> = (0..n)
         .map(|i| {
             let words = load_words(s, nv::elem(leaf, i));
@@ -127,32 +149,66 @@ pub fn collate<S: Space>(s: &S, leaf: u64, n: u64) -> Collated {
         .collect();
     all.sort_by(|a, b| a.key_cmp(b)); // stable: equal keys stay in append order
     let max_key = all.last().map(|x| x.key());
+    let max_version = all.iter().map(|x| x.version()).max().unwrap_or(0);
     let mut valid = Vec::with_capacity(all.len());
-    let mut dropped = Vec::new();
+    let mut live = 0;
     let mut i = 0;
     while i < all.len() {
         let mut j = i + 1;
         while j < all.len() && all[j].key_cmp(&all[i]).is_eq() {
             j += 1;
         }
-        let newest = &all[j - 1];
-        let keep_blob = if newest.negative() { 0 } else { newest.blob() };
-        for x in &all[i..j] {
-            if x.blob() != 0 && x.blob() != keep_blob {
-                dropped.push(x.blob());
-            }
+        let run = &all[i..j];
+        if !run[run.len() - 1].negative() {
+            live += 1;
         }
-        if !newest.negative() {
-            valid.push(newest.clone());
+        match keep {
+            Keep::At(ts) => {
+                if let Some(e) = run.iter().rev().find(|e| e.version() <= ts) {
+                    if !e.negative() {
+                        valid.push(e.clone());
+                    }
+                }
+            }
+            Keep::Since(oldest) => {
+                let from = run.iter().rposition(|e| e.version() <= oldest).unwrap_or(0);
+                let mut kept = run[from..].iter().enumerate().filter(|(k, e)| {
+                    // The NEGATIVE half of an update says nothing its
+                    // positive twin (same version, next) does not.
+                    !(e.negative() && run[from..].get(k + 1).is_some_and(|n| n.version() == e.version()))
+                });
+                let mut started = false;
+                for (_, e) in kept.by_ref() {
+                    if !started && e.negative() {
+                        continue; // absent is what no element says too
+                    }
+                    started = true;
+                    let mut e = e.clone();
+                    e.words[3] &= !nv::TXN; // committed: the flag has done its work
+                    valid.push(e);
+                }
+            }
         }
         i = j;
     }
-    dropped.sort_unstable();
-    dropped.dedup();
+    // A rewrite drops the blobs no kept element refers to.
+    let mut dropped = Vec::new();
+    if matches!(keep, Keep::Since(_)) {
+        let kept: std::collections::HashSet<u64> = valid.iter().map(|e| e.blob()).filter(|&b| b != 0).collect();
+        dropped = all
+            .iter()
+            .map(|e| e.blob())
+            .filter(|&b| b != 0 && !kept.contains(&b))
+            .collect();
+        dropped.sort_unstable();
+        dropped.dedup();
+    }
     Collated {
         valid,
+        live,
         dropped_blobs: dropped,
         max_key,
+        max_version,
     }
 }
 
@@ -162,6 +218,14 @@ pub enum Lookup {
     Present(u64),
     /// The key was deleted or never written here.
     Absent,
+}
+
+/// The newest element of a key visible at some timestamp.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Newest {
+    pub index: u64,
+    pub negative: bool,
+    pub version: u64,
 }
 
 /// A leaf layout.
@@ -178,8 +242,24 @@ pub trait LeafFormat: Send + Sync + 'static {
     /// Offset of the word that links the leaf to its right sibling.
     fn next_word(leaf: u64) -> u64;
 
-    /// Newest element for `key` among the first `n`.
-    fn lookup<S: Space>(s: &S, leaf: u64, n: u64, key: &[u8]) -> Lookup;
+    /// Newest element for `key` among the first `n` whose version is at
+    /// most `at` (positive or NEGATIVE).
+    fn newest<S: Space>(s: &S, leaf: u64, n: u64, key: &[u8], at: u64) -> Option<Newest>;
+
+    /// What a reader at `at` finds for `key` among the first `n` elements.
+    #[inline]
+    fn lookup_at<S: Space>(s: &S, leaf: u64, n: u64, key: &[u8], at: u64) -> Lookup {
+        match Self::newest(s, leaf, n, key, at) {
+            Some(e) if !e.negative => Lookup::Present(e.index),
+            _ => Lookup::Absent,
+        }
+    }
+
+    /// The newest state of `key` among the first `n` elements.
+    #[inline]
+    fn lookup<S: Space>(s: &S, leaf: u64, n: u64, key: &[u8]) -> Lookup {
+        Self::lookup_at(s, leaf, n, key, u64::MAX)
+    }
     /// Reads element `i` (key loaded from the blob if needed).
     fn element<S: Space>(s: &S, leaf: u64, i: u64) -> Elem;
     /// The value of element `i`.
@@ -198,20 +278,26 @@ pub trait LeafFormat: Send + Sync + 'static {
 pub struct Nv;
 
 /// Encodes a new positive element; `blob` is 0 when key and value are inline.
-pub fn encode(key: &[u8], value: &[u8], blob_off: u64) -> [u64; 4] {
+pub fn encode(key: &[u8], value: &[u8], blob_off: u64, version: u64, txn: bool) -> [u64; 4] {
     let meta = Meta {
         negative: false,
         key_inline: (key.len() <= 8).then_some(key.len() as u8),
         value_inline: (value.len() <= 8).then_some(value.len() as u8),
-        version: 0,
+        txn,
+        version,
     };
     let value_word = if value.len() <= 8 { inline_value_word(value) } else { 0 };
     [nv::key_word(key), blob_off, value_word, meta.encode()]
 }
 
-/// The NEGATIVE twin of a stored element (same key, same blob).
-pub fn negate(words: [u64; 4]) -> [u64; 4] {
-    [words[0], words[1], words[2], words[3] | nv::NEGATIVE]
+/// The NEGATIVE twin of a stored element (same key, same blob), written at
+/// `version`.
+pub fn negate(words: [u64; 4], version: u64, txn: bool) -> [u64; 4] {
+    let meta = (words[3] & !(nv::VERSION_MASK | nv::TXN))
+        | nv::NEGATIVE
+        | (version & nv::VERSION_MASK)
+        | if txn { nv::TXN } else { 0 };
+    [words[0], words[1], words[2], meta]
 }
 
 pub fn inline_value_word(v: &[u8]) -> u64 {
@@ -301,7 +387,7 @@ impl LeafFormat for Nv {
         leaf + nv::NEXT_OFF
     }
 
-    fn lookup<S: Space>(s: &S, leaf: u64, n: u64, key: &[u8]) -> Lookup {
+    fn newest<S: Space>(s: &S, leaf: u64, n: u64, key: &[u8], at: u64) -> Option<Newest> {
         let kw = nv::key_word(key);
         // Newest first: the newest element for a key decides (a NEGATIVE one
         // cancels the positive it follows, seed 000 §4.3).
@@ -311,6 +397,9 @@ impl LeafFormat for Nv {
                 continue;
             }
             let meta_w = s.read_u64(e + nv::E_META);
+            if meta_w & nv::VERSION_MASK > at {
+                continue;
+            }
             let meta = Meta::decode(meta_w).expect("published element has valid meta");
             let same = match meta.key_inline {
                 Some(l) => l as usize == key.len(),
@@ -327,14 +416,14 @@ impl LeafFormat for Nv {
                 }
             };
             if same {
-                return if meta.negative {
-                    Lookup::Absent
-                } else {
-                    Lookup::Present(i)
-                };
+                return Some(Newest {
+                    index: i,
+                    negative: meta.negative,
+                    version: meta.version,
+                });
             }
         }
-        Lookup::Absent
+        None
     }
 
     fn element<S: Space>(s: &S, leaf: u64, i: u64) -> Elem {
@@ -351,15 +440,23 @@ impl LeafFormat for Nv {
 
     fn append<S: Space>(s: &S, leaf: u64, n: u64, elems: &[[u64; 4]]) {
         let at = nv::elem(leaf, n);
-        let mut buf = [0u8; 2 * nv::ELEM_SIZE as usize];
         let len = elems.len() * nv::ELEM_SIZE as usize;
+        // Plain writes append one or two elements: no heap allocation.
+        let mut small = [0u8; 2 * nv::ELEM_SIZE as usize];
+        let mut large = Vec::new();
+        let buf: &mut [u8] = if len <= small.len() {
+            &mut small[..len]
+        } else {
+            large.resize(len, 0);
+            &mut large
+        };
         for (j, w) in elems.iter().enumerate() {
             for (k, word) in w.iter().enumerate() {
                 let o = j * 32 + k * 8;
                 buf[o..o + 8].copy_from_slice(&word.to_le_bytes());
             }
         }
-        s.write(at, &buf[..len]);
+        s.write(at, buf);
         s.flush(at, len as u64, points::NV_ELEMENT_FLUSH);
         s.fence(points::NV_ELEMENT_FENCE);
         s.publish(

@@ -15,8 +15,9 @@
 
 pub mod index;
 pub mod leaf;
+pub mod mvcc;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::marker::PhantomData;
 use std::ops::Bound as RB;
 use std::path::PathBuf;
@@ -33,7 +34,8 @@ use crate::error::{Error, Result};
 use crate::format::header;
 use crate::pmem::{points, Space};
 use index::{Bound, Entry, Found, Index, Pln};
-use leaf::{LeafFormat, Lookup, Slot};
+use leaf::{Keep, LeafFormat, Lookup, Slot};
+use mvcc::Clock;
 
 /// Largest key, in bytes.
 pub const MAX_KEY: usize = 64 * 1024;
@@ -74,6 +76,11 @@ pub struct TreeStats {
     pub merges: AtomicU64,
     pub rebuilds: AtomicU64,
     pub rebuild_ns: AtomicU64,
+    /// Transactions and write batches committed, and those that spanned
+    /// several leaves (and so wrote a commit record).
+    pub commits: AtomicU64,
+    pub multi_leaf_commits: AtomicU64,
+    pub conflicts: AtomicU64,
 }
 
 /// The tree over a space `S` with leaf format `L`.
@@ -82,6 +89,10 @@ pub struct Tree<S: Space, L: LeafFormat> {
     pub alloc: Arc<Allocator>,
     pub index: ArcSwap<Index>,
     structure: Mutex<()>,
+    /// Serialises transaction commits (DESIGN §11): at most one multi-leaf
+    /// transaction is ever unfinished, so one header word records commits.
+    commit_lock: Mutex<()>,
+    pub clock: Clock,
     pub node_size: u64,
     pub keys: AtomicI64,
     pub stats: TreeStats,
@@ -106,6 +117,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
         entries: Vec<Entry>,
         node_size: u64,
         keys: u64,
+        last_ts: u64,
         path: PathBuf,
     ) -> Self {
         Tree {
@@ -113,6 +125,8 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
             alloc,
             index: ArcSwap::from_pointee(Index::build(entries, 0)),
             structure: Mutex::new(()),
+            commit_lock: Mutex::new(()),
+            clock: Clock::new(last_ts),
             node_size,
             keys: AtomicI64::new(keys as i64),
             stats: TreeStats::default(),
@@ -139,17 +153,30 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
         self.len() == 0
     }
 
-    /// Point lookup.
+    /// Point lookup of the latest state.
     pub fn get(&self, key: &[u8]) -> Option<Vec<u8>> {
+        self.get_at(key, u64::MAX)
+    }
+
+    /// Point lookup as of timestamp `at` (a pinned snapshot's).
+    pub fn get_at(&self, key: &[u8], at: u64) -> Option<Vec<u8>> {
         let _g = epoch::pin();
         let idx = self.index.load();
         let f = idx.find(key);
         let leaf = &f.leaf;
         let n = leaf.durable.load(Ordering::Acquire);
-        match L::lookup(&*self.space, leaf.off, n, key) {
+        match L::lookup_at(&*self.space, leaf.off, n, key, at) {
             Lookup::Present(i) => Some(L::value(&*self.space, leaf.off, i)),
             Lookup::Absent => None,
         }
+    }
+
+    /// Commit timestamp of `key`'s newest element (a delete's too).
+    pub fn newest_version(&self, key: &[u8]) -> Option<u64> {
+        let _g = epoch::pin();
+        let f = self.index.load().find(key);
+        let n = f.leaf.durable.load(Ordering::Acquire);
+        L::newest(&*self.space, f.leaf.off, n, key, u64::MAX).map(|e| e.version)
     }
 
     /// Inserts or updates. Durable when it returns.
@@ -163,7 +190,6 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
             }
             None => 0,
         };
-        let new = leaf::encode(key, value, blob);
         loop {
             let guard = epoch::pin();
             let idx = self.index.load();
@@ -191,11 +217,14 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
                 }
                 continue;
             }
+            let w = self.clock.begin_write();
+            let new = leaf::encode(key, value, blob, w.ts, false);
             match &old {
-                Some(o) => L::append(&*self.space, leaf.off, n, &[leaf::negate(o.words), new]),
+                Some(o) => L::append(&*self.space, leaf.off, n, &[leaf::negate(o.words, w.ts, false), new]),
                 None => L::append(&*self.space, leaf.off, n, &[new]),
             }
             leaf.durable.store(n + need, Ordering::Release);
+            drop(w);
             drop(lk);
             if old.is_none() {
                 self.keys.fetch_add(1, Ordering::Relaxed);
@@ -234,8 +263,10 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
                 continue;
             }
             let old = L::element(&*self.space, leaf.off, i);
-            L::append(&*self.space, leaf.off, n, &[leaf::negate(old.words)]);
+            let w = self.clock.begin_write();
+            L::append(&*self.space, leaf.off, n, &[leaf::negate(old.words, w.ts, false)]);
             leaf.durable.store(n + 1, Ordering::Release);
+            drop(w);
             drop(lk);
             self.keys.fetch_sub(1, Ordering::Relaxed);
             self.space.op_boundary();
@@ -247,6 +278,24 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
     /// merge with the right sibling (seed 000 §4.4).
     fn split(&self, key: &[u8]) -> Result<()> {
         let structure = self.structure.lock();
+        let changed = self.split_locked(key, 2, None)?;
+        drop(structure);
+        if changed {
+            let hook = self.split_hook.lock().clone();
+            if let Some(h) = hook {
+                h();
+            }
+        }
+        self.space.op_boundary();
+        Ok(())
+    }
+
+    /// The body of a split; the caller holds the structure lock. Makes room
+    /// for `need` more elements in the leaf `key` routes to, or, with `cut`,
+    /// splits that leaf after the key `cut` whatever its fill (a transaction
+    /// with more new keys for one leaf than a leaf holds). Returns whether
+    /// anything changed.
+    fn split_locked(&self, key: &[u8], need: u64, cut: Option<&[u8]>) -> Result<bool> {
         let guard = epoch::pin();
         let idx = self.index.load_full();
         let f = idx.find(key);
@@ -254,36 +303,45 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
         let lk = leaf.lock.lock();
         let n = leaf.durable.load(Ordering::Relaxed);
         let cap = L::capacity(leaf.size);
-        if leaf.dead.load(Ordering::Acquire) || n + 2 <= cap {
-            return Ok(()); // someone else made room
+        if leaf.dead.load(Ordering::Acquire) || (cut.is_none() && n + need <= cap) {
+            return Ok(false); // someone else made room
         }
-        let c = leaf::collate(&*self.space, leaf.off, n);
+        // Keep every version a live (or future) snapshot can read.
+        let c = leaf::collate(&*self.space, leaf.off, n, Keep::Since(self.clock.oldest()));
         let (mut valid, mut dropped_blobs) = (c.valid, c.dropped_blobs);
         let old_next = L::next(&*self.space, leaf.off);
-        let min_fill = cap / 2;
+        let base_cap = L::capacity(self.node_size);
+        let min_fill = base_cap / 2;
 
         // Right sibling in the same PLN, for a merge.
         let right = idx.successor(f.pln, f.pos).filter(|(p, _, _)| *p == f.pln);
         let mut merged: Option<(Entry, parking_lot::MutexGuard<'_, ()>)> = None;
         let mut new_entries: Vec<(Bound, u64, Vec<Slot>)> = Vec::new();
-        let size = self.node_size;
         let mut to_free = vec![leaf.off];
+        let boundary = split_point(&valid);
 
-        if valid.len() as u64 >= min_fill {
-            // Split: halves (already in key order) to two new leaves.
-            let right_half = valid.split_off(valid.len() / 2);
+        if let Some(cut) = cut {
+            // Cut: keys up to `cut` left, the rest right (either may be empty).
+            let at = valid.partition_point(|e| e.cmp_bytes(cut).is_le());
+            let right_half = valid.split_off(at);
+            new_entries.push((Bound::Key(cut.into()), 0, valid));
+            new_entries.push((f.high.clone(), old_next, right_half));
+            self.stats.splits.fetch_add(1, Ordering::Relaxed);
+        } else if let Some(mid) = boundary.filter(|_| valid.len() as u64 >= min_fill) {
+            // Split: halves (already in key order, a key's versions never
+            // parted) to two new leaves.
+            let right_half = valid.split_off(mid);
             let sep = Bound::Key(valid.last().expect("non-empty left half").key().into_boxed_slice());
             new_entries.push((sep, 0, valid));
             new_entries.push((f.high.clone(), old_next, right_half));
             self.stats.splits.fetch_add(1, Ordering::Relaxed);
-        } else if let Some((_, _, r)) = right
-            .as_ref()
-            .filter(|(_, _, r)| L::count(&*self.space, r.leaf.off) < L::capacity(r.leaf.size) / 2)
-        {
+        } else if let Some((_, _, r)) = right.as_ref().filter(|(_, _, r)| {
+            (valid.len() as u64) < min_fill && L::count(&*self.space, r.leaf.off) < L::capacity(r.leaf.size) / 2
+        }) {
             // Merge with the right sibling into one leaf.
             let rl = r.leaf.lock.lock();
             let rn = r.leaf.durable.load(Ordering::Relaxed);
-            let rc = leaf::collate(&*self.space, r.leaf.off, rn);
+            let rc = leaf::collate(&*self.space, r.leaf.off, rn, Keep::Since(self.clock.oldest()));
             valid.extend(rc.valid); // every key of the right sibling is above the left's
             dropped_blobs.extend(rc.dropped_blobs);
             let r_next = L::next(&*self.space, r.leaf.off);
@@ -292,14 +350,20 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
             merged = Some((r.clone(), rl));
             self.stats.merges.fetch_add(1, Ordering::Relaxed);
         } else {
-            // Replace: the valid elements alone in a new leaf.
+            // Replace: the kept elements alone in a new leaf (a larger one
+            // when versions of one key that snapshots still read fill it).
             new_entries.push((f.high.clone(), old_next, valid));
             self.stats.replaces.fetch_add(1, Ordering::Relaxed);
         }
 
         // Allocate every new leaf first, so a full pool fails before any change.
+        let replaced = new_entries.len() == 1 && merged.is_none();
+        let sizes: Vec<u64> = new_entries
+            .iter()
+            .map(|(_, _, es)| self.leaf_size_for(es.len() + if replaced { need as usize } else { 0 }))
+            .collect();
         let mut offs = Vec::with_capacity(new_entries.len());
-        for _ in &new_entries {
+        for &size in &sizes {
             match self.alloc.alloc(&*self.space, size) {
                 Ok(o) => offs.push(o),
                 Err(e) => {
@@ -315,7 +379,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
             if i + 1 < new_entries.len() {
                 new_entries[i].1 = offs[i + 1];
             }
-            L::build(&*self.space, offs[i], size, new_entries[i].1, &new_entries[i].2);
+            L::build(&*self.space, offs[i], sizes[i], new_entries[i].1, &new_entries[i].2);
         }
         self.space.fence(points::NV_NEWLEAF_FENCE);
         // One atomic store swaps them in.
@@ -330,8 +394,8 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
         // DRAM: new PLN (or a rebuilt index), then retire the old leaves.
         let fresh: Vec<Entry> = new_entries
             .iter()
-            .zip(&offs)
-            .map(|((max, _, elems), &off)| Entry {
+            .zip(offs.iter().zip(&sizes))
+            .map(|((max, _, elems), (&off, &size))| Entry {
                 max: max.clone(),
                 leaf: Arc::new(LeafRef::with(off, size, elems.len() as u64)),
             })
@@ -368,13 +432,17 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
         let alloc = self.alloc.clone();
         guard.defer(move || alloc.release(&to_free));
         guard.flush();
-        drop(structure);
-        let hook = self.split_hook.lock().clone();
-        if let Some(h) = hook {
-            h();
+        Ok(true)
+    }
+
+    /// Size of a new leaf for `elems` elements: the node size, or larger
+    /// when they would leave it without room for one more update.
+    fn leaf_size_for(&self, elems: usize) -> u64 {
+        let mut size = self.node_size;
+        while L::capacity(size) < elems as u64 + 2 {
+            size *= 2;
         }
-        self.space.op_boundary();
-        Ok(())
+        size
     }
 
     /// Installs (or removes) the split hook. For crash tests only.
@@ -405,9 +473,9 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
     /// The live elements of one leaf within the range, in key order. Values
     /// that live in blobs are read now, while the epoch is pinned; inline
     /// keys and values are materialised only when the iterator yields them.
-    fn leaf_range(&self, f: &Found, lo: &KeyBound, hi: &KeyBound) -> Vec<Pending> {
+    fn leaf_range(&self, f: &Found, lo: &KeyBound, hi: &KeyBound, at: u64) -> Vec<Pending> {
         let n = f.leaf.durable.load(Ordering::Acquire);
-        leaf::collate(&*self.space, f.leaf.off, n)
+        leaf::collate(&*self.space, f.leaf.off, n, Keep::At(at))
             .valid
             .into_iter()
             .filter(|e| slot_in_range(e, lo, hi))
@@ -420,14 +488,220 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
 
     /// Iterator over `[lo, hi]` in key order (or reverse), reading one leaf at a time.
     pub fn range(self: &Arc<Self>, lo: KeyBound, hi: KeyBound, reverse: bool) -> RangeIter<S, L> {
+        self.range_at(lo, hi, reverse, None)
+    }
+
+    /// Like [`Tree::range`], as of a pinned snapshot (which the iterator
+    /// keeps alive).
+    pub fn range_at(
+        self: &Arc<Self>,
+        lo: KeyBound,
+        hi: KeyBound,
+        reverse: bool,
+        pin: Option<Arc<SnapshotPin<S, L>>>,
+    ) -> RangeIter<S, L> {
         RangeIter {
             tree: self.clone(),
             lo,
             hi,
             reverse,
+            at: pin.as_ref().map_or(u64::MAX, |p| p.ts),
+            _pin: pin,
             buf: Vec::new(),
             done: false,
         }
+    }
+
+    /// Registers a snapshot at the newest published timestamp; the
+    /// versions it reads are kept until the pin is dropped.
+    pub fn pin_snapshot(self: &Arc<Self>) -> Arc<SnapshotPin<S, L>> {
+        Arc::new(SnapshotPin {
+            ts: self.clock.pin(),
+            tree: self.clone(),
+        })
+    }
+
+    /// Commits a transaction's buffered writes (`None`: delete) atomically,
+    /// durable when it returns: first-committer-wins against every write
+    /// newer than `start` to a written key, and against every write newer
+    /// than its `since` to a watched key. `start == u64::MAX` (a blind
+    /// write batch) checks nothing. Returns the commit timestamp.
+    ///
+    /// Under the commit lock and the structure lock, the leaves of all keys
+    /// are locked in chain order; leaves without room are split first
+    /// (before any append, so a full pool fails cleanly). Then one
+    /// timestamp is taken and each leaf gets one append. Writes to a single
+    /// leaf are published by its one count store; across leaves, elements
+    /// carry the TXN flag and count only once the header's commit record
+    /// (`txn_commit = ts`) is durable. Readers see none of it before then:
+    /// the leaves' DRAM counts are raised last.
+    pub fn commit(
+        &self,
+        writes: &BTreeMap<Vec<u8>, Option<Vec<u8>>>,
+        watches: &[(Vec<u8>, u64)],
+        start: u64,
+    ) -> Result<u64> {
+        for (k, v) in writes {
+            check_sizes(k, v.as_deref().unwrap_or_default())?;
+        }
+        // Blobs first, outside every lock.
+        let mut blobs: Vec<u64> = Vec::with_capacity(writes.len());
+        let free_blobs = |blobs: &[u64]| {
+            for &b in blobs.iter().filter(|&&b| b != 0) {
+                self.alloc.free(b);
+            }
+        };
+        for (k, v) in writes {
+            let b = match v.as_deref().and_then(|v| leaf::blob_size(k, v).map(|sz| (v, sz))) {
+                Some((v, sz)) => match self.alloc.alloc(&*self.space, sz) {
+                    Ok(off) => {
+                        leaf::write_blob(&*self.space, off, k, v);
+                        off
+                    }
+                    Err(e) => {
+                        free_blobs(&blobs);
+                        return Err(e);
+                    }
+                },
+                None => 0,
+            };
+            blobs.push(b);
+        }
+        // Every key the commit looks at, in key order: written ones carry
+        // their index in `writes`, watched ones their `since`.
+        enum Role {
+            Write(usize),
+            Watch(u64),
+        }
+        let mut keys: Vec<(&[u8], Role)> = writes
+            .keys()
+            .enumerate()
+            .map(|(i, k)| (k.as_slice(), Role::Write(i)))
+            .chain(watches.iter().map(|(k, since)| (k.as_slice(), Role::Watch(*since))))
+            .collect();
+        keys.sort_by(|a, b| a.0.cmp(b.0));
+        let values: Vec<&Option<Vec<u8>>> = writes.values().collect();
+        let wkeys: Vec<&Vec<u8>> = writes.keys().collect();
+
+        let _commit = self.commit_lock.lock();
+        let structure = self.structure.lock();
+        let ts = loop {
+            let _guard = epoch::pin();
+            let idx = self.index.load_full();
+            // Group the keys by leaf; leaves come in chain order.
+            let mut groups: Vec<(Arc<LeafRef>, Vec<usize>)> = Vec::new();
+            for (i, (k, _)) in keys.iter().enumerate() {
+                let leaf = idx.find(k).leaf;
+                match groups.last_mut() {
+                    Some((l, ks)) if Arc::ptr_eq(l, &leaf) => ks.push(i),
+                    _ => groups.push((leaf, vec![i])),
+                }
+            }
+            let locks: Vec<_> = groups.iter().map(|(l, _)| l.lock.lock()).collect();
+            // Validate, and gather each leaf's elements (version filled in below).
+            let mut plans: Vec<Vec<(usize, Option<[u64; 4]>)>> = Vec::with_capacity(groups.len());
+            let mut room: Option<(Vec<u8>, u64, Option<Vec<u8>>)> = None;
+            let mut conflict = false;
+            let mut delta = 0i64;
+            for (leaf, ks) in &groups {
+                let n = leaf.durable.load(Ordering::Relaxed);
+                let mut plan = Vec::new();
+                let mut need = 0;
+                let mut needy: Vec<&[u8]> = Vec::new();
+                for &i in ks {
+                    let (k, role) = &keys[i];
+                    let newest = L::newest(&*self.space, leaf.off, n, k, u64::MAX);
+                    let limit = match role {
+                        Role::Write(_) => start,
+                        Role::Watch(since) => *since,
+                    };
+                    if newest.is_some_and(|e| e.version > limit) {
+                        conflict = true;
+                    }
+                    let Role::Write(w) = role else { continue };
+                    let old = newest
+                        .filter(|e| !e.negative)
+                        .map(|e| L::element(&*self.space, leaf.off, e.index));
+                    let k_need = match (values[*w], &old) {
+                        (Some(_), Some(_)) => 2,
+                        (Some(_), None) => 1,
+                        (None, Some(_)) => 1,
+                        (None, None) => 0,
+                    };
+                    delta += values[*w].is_some() as i64 - old.is_some() as i64;
+                    if k_need > 0 {
+                        needy.push(k);
+                    }
+                    need += k_need;
+                    plan.push((*w, old.map(|o| o.words)));
+                }
+                if n + need > L::capacity(leaf.size) && room.is_none() {
+                    let cut = (need > L::capacity(leaf.size) / 2 && needy.len() > 1)
+                        .then(|| needy[needy.len() / 2 - 1].to_vec());
+                    room = Some((needy[0].to_vec(), need, cut));
+                }
+                plans.push(plan);
+            }
+            if conflict {
+                drop(locks);
+                drop(structure);
+                free_blobs(&blobs);
+                self.stats.conflicts.fetch_add(1, Ordering::Relaxed);
+                return Err(Error::Conflict);
+            }
+            if let Some((key, need, cut)) = room {
+                drop(locks);
+                if let Err(e) = self.split_locked(&key, need, cut.as_deref()) {
+                    drop(structure);
+                    free_blobs(&blobs);
+                    return Err(e);
+                }
+                continue;
+            }
+            // Everything fits: take the timestamp and append, leaf by leaf.
+            let w = self.clock.begin_write();
+            let multi = plans
+                .iter()
+                .filter(|p| p.iter().any(|(i, old)| old.is_some() || values[*i].is_some()))
+                .count()
+                > 1;
+            let mut counts = Vec::with_capacity(groups.len());
+            for ((leaf, _), plan) in groups.iter().zip(&plans) {
+                let n = leaf.durable.load(Ordering::Relaxed);
+                let mut elems = Vec::new();
+                for (i, old) in plan {
+                    let (k, v) = (wkeys[*i], values[*i]);
+                    if let Some(o) = old {
+                        elems.push(leaf::negate(*o, w.ts, multi));
+                    }
+                    if let Some(v) = v {
+                        elems.push(leaf::encode(k, v, blobs[*i], w.ts, multi));
+                    }
+                }
+                if !elems.is_empty() {
+                    L::append(&*self.space, leaf.off, n, &elems);
+                }
+                counts.push(n + elems.len() as u64);
+            }
+            if multi {
+                self.space.store(header::TXN_COMMIT_OFF, w.ts);
+                self.space.flush(header::TXN_COMMIT_OFF, 8, points::TXN_COMMIT_FLUSH);
+                self.space.fence(points::TXN_COMMIT_FENCE);
+                self.stats.multi_leaf_commits.fetch_add(1, Ordering::Relaxed);
+            }
+            for ((leaf, _), n) in groups.iter().zip(counts) {
+                leaf.durable.store(n, Ordering::Release);
+            }
+            self.keys.fetch_add(delta, Ordering::Relaxed);
+            let ts = w.ts;
+            drop(w);
+            drop(locks);
+            break ts;
+        };
+        drop(structure);
+        self.stats.commits.fetch_add(1, Ordering::Relaxed);
+        self.space.op_boundary();
+        Ok(ts)
     }
 
     /// Every leaf offset in chain order, with its element count.
@@ -441,7 +715,21 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
     }
 }
 
-fn check_sizes(key: &[u8], value: &[u8]) -> Result<()> {
+/// The index nearest the middle of `valid` (key-ordered, a key's versions
+/// adjacent) where a new key starts, so a split never parts a key's
+/// versions; `None` when one key holds them all.
+fn split_point(valid: &[Slot]) -> Option<usize> {
+    let len = valid.len();
+    let mid = len / 2;
+    let starts_key = |i: usize| i > 0 && i < len && valid[i - 1].key_cmp(&valid[i]).is_ne();
+    (0..=len).find_map(|d| {
+        [mid + d, mid.wrapping_sub(d)]
+            .into_iter()
+            .find(|&i| i <= len && starts_key(i))
+    })
+}
+
+pub(crate) fn check_sizes(key: &[u8], value: &[u8]) -> Result<()> {
     if key.len() > MAX_KEY {
         return Err(Error::KeyTooLarge {
             len: key.len(),
@@ -455,6 +743,18 @@ fn check_sizes(key: &[u8], value: &[u8]) -> Result<()> {
         });
     }
     Ok(())
+}
+
+/// A registered snapshot: while it lives, rewrites keep the versions it reads.
+pub struct SnapshotPin<S: Space, L: LeafFormat> {
+    tree: Arc<Tree<S, L>>,
+    pub ts: u64,
+}
+
+impl<S: Space, L: LeafFormat> Drop for SnapshotPin<S, L> {
+    fn drop(&mut self) {
+        self.tree.clock.unpin(self.ts);
+    }
 }
 
 /// An element found by a range scan, not yet turned into a (key, value) pair.
@@ -509,6 +809,9 @@ pub struct RangeIter<S: Space, L: LeafFormat> {
     lo: KeyBound,
     hi: KeyBound,
     reverse: bool,
+    /// Timestamp read at (`u64::MAX`: the latest state).
+    at: u64,
+    _pin: Option<Arc<SnapshotPin<S, L>>>,
     /// Pending elements, in reverse of the order they are yielded.
     buf: Vec<Pending>,
     done: bool,
@@ -537,7 +840,7 @@ impl<S: Space, L: LeafFormat> RangeIter<S, L> {
                     RB::Excluded(k) => idx.find_gt(k),
                 }
             };
-            let mut pairs = self.tree.leaf_range(&f, &self.lo, &self.hi);
+            let mut pairs = self.tree.leaf_range(&f, &self.lo, &self.hi, self.at);
             if self.reverse {
                 // buf pops from the end: keep ascending so the largest comes first.
                 self.buf = pairs;

@@ -10,7 +10,7 @@
 //! 'h' u32 BE len(user_key) user_key field       hash field value
 //! 'z' u32 BE len(user_key) user_key member      zset score: score8 (below)
 //! 'Z' u32 BE len(user_key) user_key score8 member   (empty) — the score index
-//! 0x00 ...                                      server-internal (commit intent)
+//! 0x00 ...                                      reserved for the server's own records
 //! ```
 //!
 //! `score8` is the order-preserving encoding of an f64 ([`score_key`]): byte

@@ -301,23 +301,41 @@ fn finish(r: CmdResult) -> Reply {
     }
 }
 
-/// Runs `f` in its own transaction, committing unless it failed; retries on
-/// conflict.
+/// Re-runs of a command whose commit lost a race before it answers an error.
+const MAX_ATTEMPTS: u32 = 1000;
+
+/// Backs off before re-running a command that lost a write-write race.
+fn backoff(attempt: u32) {
+    if attempt > 4 {
+        std::thread::yield_now();
+    } else {
+        std::hint::spin_loop();
+    }
+}
+
+/// Runs `f` in its own transaction, committing unless it failed; re-runs it
+/// from a fresh snapshot on a conflict (another client committed a key it
+/// wrote first).
 fn write_txn(sh: &Shared, mut f: impl FnMut(&mut dyn Kv) -> CmdResult) -> Reply {
-    loop {
+    for attempt in 0..MAX_ATTEMPTS {
         let mut t = sh.store.begin();
         match f(&mut t) {
-            Ok(r) => match t.commit() {
+            Ok(r) => match t.commit().map_err(store::Error::from) {
                 Ok(_) => return r,
-                Err(store::Error::Conflict) => continue,
+                Err(store::Error::Conflict) => backoff(attempt),
                 Err(e) => return store_error_reply(&e),
             },
+            Err(CmdError::Store(store::Error::Conflict)) => {
+                t.abort();
+                backoff(attempt);
+            }
             Err(e) => {
                 t.abort();
                 return finish(Err(e));
             }
         }
     }
+    Reply::err("ERR the command kept conflicting with concurrent writers; retry it")
 }
 
 /// EXEC: every queued command in one transaction, WATCHes checked at commit.
@@ -346,10 +364,11 @@ pub fn exec(sh: &Arc<Shared>, c: &mut Conn) -> Reply {
             };
             replies.push(r);
         }
-        match t.commit() {
+        match t.commit().map_err(store::Error::from) {
             Ok(_) => return Reply::Array(replies),
             Err(store::Error::Conflict) if !watches.is_empty() => return Reply::NilArray,
-            Err(store::Error::Conflict) => continue,
+            // Without WATCH, EXEC behaves as if it ran alone: re-run it.
+            Err(store::Error::Conflict) => std::thread::yield_now(),
             Err(e) => return store_error_reply(&e),
         }
     }

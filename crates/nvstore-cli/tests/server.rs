@@ -734,3 +734,38 @@ fn kill_under_pipelined_load_keeps_every_acknowledged_write() {
         acked_set.len()
     );
 }
+
+/// A client that pipelines large replies and does not read them, and one
+/// that connects and stays idle, block no one else; the slow client gets
+/// every reply, in order, once it reads.
+#[test]
+fn slow_and_idle_clients_do_not_block_others() {
+    let (_d, s) = start();
+    let mut c = s.client();
+    let big = vec![b'x'; 1 << 20];
+    c.send(&[b"SET", b"big", &big]);
+    assert_eq!(c.read().unwrap(), R::ok());
+    let _idle = s.client();
+    let mut slow = s.client();
+    let mut req = Vec::new();
+    for i in 0..100 {
+        req.extend(encode(&[b"GET", b"big"]));
+        req.extend(encode(&[b"ECHO", format!("{i}").as_bytes()]));
+    }
+    slow.send_raw(&req);
+    std::thread::sleep(Duration::from_millis(200));
+    let t = std::time::Instant::now();
+    for i in 0..50 {
+        assert_eq!(c.cmd(&["set", &format!("k{i}"), "v"]), R::ok());
+        assert_eq!(c.cmd(&["ping"]), R::Simple("PONG".into()));
+    }
+    assert!(
+        t.elapsed() < Duration::from_secs(10),
+        "others were held up: {:?}",
+        t.elapsed()
+    );
+    for i in 0..100 {
+        assert_eq!(slow.read().unwrap(), R::Bulk(big.clone()));
+        assert_eq!(slow.read().unwrap(), R::s(&i.to_string()));
+    }
+}

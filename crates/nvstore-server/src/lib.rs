@@ -114,8 +114,11 @@ pub fn serve(cfg: Config) -> Result<(), String> {
             port: addr.port(),
             run_id: format!("{:040x}", rand_id()),
         });
-        eprintln!("nvstore: ready to accept connections on {addr}");
-        server::run(sh, listener).await.map_err(|e| e.to_string())
+        server::run(sh, listener, || {
+            eprintln!("nvstore: ready to accept connections on {addr}")
+        })
+        .await
+        .map_err(|e| e.to_string())
     });
     // Blocking tasks still running finish here; then no one else holds the store.
     rt.shutdown_timeout(std::time::Duration::from_secs(30));

@@ -90,15 +90,20 @@ pub struct Shared {
     pub run_id: String,
 }
 
-/// Most requests run in one blocking batch (bounds a batch's reply size).
+/// Most requests run in one blocking batch.
 const BATCH: usize = 512;
+/// A batch stops once its replies take this many bytes; the rest run next,
+/// after these were written (a pipeline of huge GETs is not held in memory).
+const MAX_BATCH_REPLY: usize = 4 << 20;
 
 /// Accepts connections until a signal or SHUTDOWN; then lets connections
-/// finish their current batch and returns.
-pub async fn run(sh: Arc<Shared>, listener: TcpListener) -> std::io::Result<()> {
+/// finish their current batch and returns. `ready` runs once the signal
+/// handlers are in place (so a signal right after readiness closes cleanly).
+pub async fn run(sh: Arc<Shared>, listener: TcpListener, ready: impl FnOnce()) -> std::io::Result<()> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut sigint = signal(SignalKind::interrupt())?;
     let mut sigterm = signal(SignalKind::terminate())?;
+    ready();
     let mut stop = sh.shutdown.subscribe();
     let mut tasks = tokio::task::JoinSet::new();
     loop {
@@ -169,12 +174,14 @@ async fn connection(sh: &Arc<Shared>, mut sock: TcpStream, id: u64) -> std::io::
     let mut parser = Parser::new();
     let mut conn = Some(Conn::new(id, sh.cfg.requirepass.is_none()));
     let lim = sh.cfg.limits;
+    // Parsed requests not yet run (a batch stops early once its replies are large).
+    let mut batch: VecDeque<Vec<Bytes>> = VecDeque::new();
+    // A protocol error ends the connection once the requests before it ran.
+    let mut bad = None;
     loop {
-        let mut batch: Vec<Vec<Bytes>> = Vec::new();
-        let mut bad = None;
-        while batch.len() < BATCH {
+        while bad.is_none() && batch.len() < BATCH {
             match parser.next(&mut buf, &lim) {
-                Ok(Some(a)) => batch.push(a),
+                Ok(Some(a)) => batch.push_back(a),
                 Ok(None) => break,
                 Err(e) => {
                     bad = Some(e);
@@ -185,20 +192,22 @@ async fn connection(sh: &Arc<Shared>, mut sock: TcpStream, id: u64) -> std::io::
         if !batch.is_empty() {
             let c = conn.take().expect("connection state is back after each batch");
             let sh2 = sh.clone();
-            let (c, out) = tokio::task::spawn_blocking(move || {
+            let mut todo = std::mem::take(&mut batch);
+            let (c, out, rest) = tokio::task::spawn_blocking(move || {
                 let mut c = c;
                 let mut out = BytesMut::new();
-                for args in batch {
+                while let Some(args) = todo.pop_front() {
                     let r = cmd::execute(&sh2, &mut c, args);
                     r.encode(c.proto, &mut out);
-                    if c.close {
+                    if c.close || out.len() >= MAX_BATCH_REPLY {
                         break;
                     }
                 }
-                (c, out)
+                (c, out, todo)
             })
             .await
             .map_err(std::io::Error::other)?;
+            batch = rest;
             sh.stats.net_out.fetch_add(out.len() as u64, Ordering::Relaxed);
             sock.write_all(&out).await?;
             let close = c.close;
@@ -206,8 +215,8 @@ async fn connection(sh: &Arc<Shared>, mut sock: TcpStream, id: u64) -> std::io::
             if close {
                 return Ok(());
             }
-            if bad.is_none() && !buf.is_empty() {
-                // More complete requests may wait in the buffer (the batch was full).
+            if !batch.is_empty() || (bad.is_none() && !buf.is_empty()) {
+                // Requests left over, or more complete ones may wait in the buffer.
                 continue;
             }
         }

@@ -769,3 +769,51 @@ fn slow_and_idle_clients_do_not_block_others() {
         assert_eq!(slow.read().unwrap(), R::s(&i.to_string()));
     }
 }
+
+/// Random bytes (and random RESP-shaped junk) on many connections never
+/// take the server down: each connection gets replies or a protocol error.
+#[test]
+fn random_input_never_takes_the_server_down() {
+    use rand::{Rng, SeedableRng};
+    let (_d, s) = start();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    let pieces: [&[u8]; 12] = [
+        b"*",
+        b"$",
+        b"\r\n",
+        b"3",
+        b"-1",
+        b"SET",
+        b"GET",
+        b"\"",
+        b"'",
+        b" ",
+        b"99999999999",
+        b"\x00\xff",
+    ];
+    for _ in 0..200 {
+        let mut junk = Vec::new();
+        for _ in 0..rng.gen_range(1..40) {
+            if rng.gen_bool(0.5) {
+                junk.extend_from_slice(pieces[rng.gen_range(0..pieces.len())]);
+            } else {
+                junk.push(rng.gen());
+            }
+        }
+        let mut c = s.client();
+        c.w.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        c.send_raw(&junk);
+        // End of input: the server answers what was complete and closes.
+        c.w.shutdown(std::net::Shutdown::Write).unwrap();
+        loop {
+            match c.read_lenient() {
+                Ok(Some(_)) => continue,
+                Ok(None) => break,
+                Err(e) => panic!("the server neither answered nor closed: {e}; input {junk:?}"),
+            }
+        }
+    }
+    let mut c = s.client();
+    assert_eq!(c.cmd(&["ping"]), R::Simple("PONG".into()));
+    assert_eq!(c.cmd(&["set", "still", "here"]), R::ok());
+}

@@ -203,6 +203,15 @@ impl Client {
         self.read().unwrap()
     }
 
+    /// Reads raw reply bytes until EOF or timeout: `Ok(None)` at EOF.
+    pub fn read_lenient(&mut self) -> std::io::Result<Option<usize>> {
+        let mut b = [0u8; 4096];
+        match self.r.read(&mut b)? {
+            0 => Ok(None),
+            n => Ok(Some(n)),
+        }
+    }
+
     pub fn read(&mut self) -> std::io::Result<R> {
         let mut line = Vec::new();
         self.r.read_until(b'\n', &mut line)?;

@@ -197,8 +197,18 @@ async fn connection(sh: &Arc<Shared>, mut sock: TcpStream, id: u64) -> std::io::
                 let mut c = c;
                 let mut out = BytesMut::new();
                 while let Some(args) = todo.pop_front() {
-                    let r = cmd::execute(&sh2, &mut c, args);
-                    r.encode(c.proto, &mut out);
+                    if cmd::groupable(&c, &args) {
+                        let mut group = vec![args];
+                        while group.len() < cmd::MAX_GROUP && todo.front().is_some_and(|a| cmd::groupable(&c, a)) {
+                            group.push(todo.pop_front().unwrap());
+                        }
+                        for r in cmd::execute_group(&sh2, &mut c, &group) {
+                            r.encode(c.proto, &mut out);
+                        }
+                    } else {
+                        let r = cmd::execute(&sh2, &mut c, args);
+                        r.encode(c.proto, &mut out);
+                    }
                     if c.close || out.len() >= MAX_BATCH_REPLY {
                         break;
                     }

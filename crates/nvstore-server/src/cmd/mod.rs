@@ -293,6 +293,66 @@ pub fn execute(sh: &Arc<Shared>, c: &mut Conn, args: Vec<Bytes>) -> Reply {
     }
 }
 
+/// Most pipelined write commands committed together by [`execute_group`].
+pub const MAX_GROUP: usize = 64;
+
+/// Whether `args` is a write command that [`execute_group`] may commit
+/// together with its neighbours: known, right arity, authenticated, not
+/// queued by MULTI, and not FLUSHDB (which commits in chunks of its own).
+pub fn groupable(c: &Conn, args: &[Bytes]) -> bool {
+    c.authed
+        && c.multi.is_none()
+        && lookup(&args[0]).is_some_and(|s| {
+            s.kind == Kind::Write
+                && s.data.is_some()
+                && arity_ok(s, args.len())
+                && !matches!(s.name, "flushdb" | "flushall")
+        })
+}
+
+/// Group commit: consecutive pipelined write commands of one connection run
+/// in one transaction, in order, and their replies are released together
+/// after the one commit returned (so after all of them are durable). Each
+/// command still sees the ones before it, and each stays all-or-nothing.
+/// If any command answers an error, or the commit fails for a reason other
+/// than a conflict, the group is dropped and every command runs alone, so
+/// errors land exactly where they would without grouping.
+pub fn execute_group(sh: &Arc<Shared>, c: &mut Conn, group: &[Vec<Bytes>]) -> Vec<Reply> {
+    if group.len() > 1 {
+        for attempt in 0..8 {
+            let mut t = sh.store.begin();
+            let cx = Cx { proto: c.proto, sh };
+            let mut replies = Vec::with_capacity(group.len());
+            let mut clean = true;
+            for args in group {
+                let spec = lookup(&args[0]).expect("groupable commands are known");
+                match spec.data.unwrap()(&mut t, &cx, args) {
+                    Ok(r) if !r.is_error() => replies.push(r),
+                    _ => {
+                        clean = false;
+                        break;
+                    }
+                }
+            }
+            if !clean {
+                t.abort();
+                break;
+            }
+            match t.commit().map_err(store::Error::from) {
+                Ok(_) => {
+                    sh.stats
+                        .commands
+                        .fetch_add(group.len() as u64, std::sync::atomic::Ordering::Relaxed);
+                    return replies;
+                }
+                Err(store::Error::Conflict) => backoff(attempt),
+                Err(_) => break,
+            }
+        }
+    }
+    group.iter().map(|args| execute(sh, c, args.clone())).collect()
+}
+
 fn finish(r: CmdResult) -> Reply {
     match r {
         Ok(r) => r,

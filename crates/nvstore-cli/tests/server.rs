@@ -817,3 +817,34 @@ fn random_input_never_takes_the_server_down() {
     assert_eq!(c.cmd(&["ping"]), R::Simple("PONG".into()));
     assert_eq!(c.cmd(&["set", "still", "here"]), R::ok());
 }
+
+/// Startup failures exit 2 with one clear line and leave no pool behind.
+#[test]
+fn startup_errors_are_one_clear_line() {
+    let bin = env!("CARGO_BIN_EXE_nvstore");
+    let out = std::process::Command::new(bin)
+        .args(["serve", "--pool", "/nonexistent-dir/x.nvs", "--port", "0"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("directory /nonexistent-dir does not exist"), "{err}");
+
+    let (d, s) = start();
+    let taken = s.port.to_string();
+    let other = d.path().join("other.nvs");
+    let out = std::process::Command::new(bin)
+        .args(["serve", "--pool", other.to_str().unwrap(), "--port", &taken])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(&format!("cannot listen on 127.0.0.1:{taken}")), "{err}");
+    // The same pool cannot be served twice.
+    let out = std::process::Command::new(bin)
+        .args(["serve", "--pool", s.pool.to_str().unwrap(), "--port", "0"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("already open"));
+}

@@ -72,6 +72,16 @@ pub fn serve(cfg: Config) -> Result<(), String> {
     if cfg.maxclients == 0 {
         return Err("--maxclients must be at least 1".into());
     }
+    if !cfg.pool.exists() {
+        let parent = cfg.pool.parent().filter(|p| !p.as_os_str().is_empty());
+        if let Some(dir) = parent.filter(|d| !d.is_dir()) {
+            return Err(format!(
+                "cannot create the pool {}: directory {} does not exist",
+                cfg.pool.display(),
+                dir.display()
+            ));
+        }
+    }
     let opts = nvstore::Options {
         size: cfg.size,
         max_size: cfg.max_size.max(cfg.size),

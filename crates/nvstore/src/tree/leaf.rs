@@ -193,7 +193,7 @@ pub fn collate<S: Space>(s: &S, leaf: u64, n: u64, keep: Keep) -> Collated {
     }
     // A rewrite drops the blobs no kept element refers to.
     let mut dropped = Vec::new();
-    if matches!(keep, Keep::Since(_)) {
+    if matches!(keep, Keep::Since(_)) && all.iter().any(|e| e.blob() != 0) {
         let kept: std::collections::HashSet<u64> = valid.iter().map(|e| e.blob()).filter(|&b| b != 0).collect();
         dropped = all
             .iter()

@@ -59,6 +59,20 @@ fn main() {
         "scan of 100: {:.1} us each ({got} pairs)",
         sc.as_secs_f64() * 1e6 / scans as f64
     );
+    // Narrow scans (a hash's fields, a prefix): 16 consecutive keys.
+    let t = Instant::now();
+    let mut got = 0;
+    for i in 0..scans {
+        let k = keys[(i as usize * 7919) % keys.len()];
+        got += db
+            .range(k.to_be_bytes().to_vec()..(k.saturating_add(1 << 48)).to_be_bytes().to_vec())
+            .take(16)
+            .count();
+    }
+    println!(
+        "narrow scan (<=16): {:.1} us each ({got} pairs)",
+        t.elapsed().as_secs_f64() * 1e6 / scans as f64
+    );
     let st = db.stat();
     println!(
         "n={n} node={ns}: insert {:.0} ops/s ({:.2} flushes/op), get {:.0} ops/s, leaves {}, rebuilds {} ({:.1} ms)",

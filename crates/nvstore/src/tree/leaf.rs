@@ -4,6 +4,8 @@
 //! [`LeafFormat`]; a format decides how elements sit in a leaf, how an append
 //! is made durable and published, and how a new leaf is built for a split.
 
+use std::ops::Bound as RB;
+
 use crate::format::blob;
 use crate::format::leaf_nv::{self as nv, Meta};
 use crate::pmem::{points, Space, LINE};
@@ -86,6 +88,22 @@ impl Slot {
             .map(|l| self.words[2].to_le_bytes()[..l as usize].to_vec())
     }
 
+    /// Whether the key lies in `[lo, hi]`.
+    pub fn in_range(&self, lo: &RB<Vec<u8>>, hi: &RB<Vec<u8>>) -> bool {
+        use std::cmp::Ordering::*;
+        let above = match lo {
+            RB::Unbounded => true,
+            RB::Included(l) => self.cmp_bytes(l) != Less,
+            RB::Excluded(l) => self.cmp_bytes(l) == Greater,
+        };
+        above
+            && match hi {
+                RB::Unbounded => true,
+                RB::Included(h) => self.cmp_bytes(h) != Greater,
+                RB::Excluded(h) => self.cmp_bytes(h) == Less,
+            }
+    }
+
     /// Bytewise key order, deciding on the prefix word where it can.
     pub fn key_cmp(&self, other: &Slot) -> std::cmp::Ordering {
         use std::cmp::Ordering;
@@ -134,19 +152,44 @@ pub struct Collated {
 /// (equal keys stay in append order, which is version order), then each run
 /// of equal keys is reduced as `keep` says.
 pub fn collate<S: Space>(s: &S, leaf: u64, n: u64, keep: Keep) -> Collated {
-    let mut all: Vec<Slot> = (0..n)
-        .map(|i| {
-            let words = load_words(s, nv::elem(leaf, i));
-            let long_key = match Meta::decode(words[3])
-                .expect("published element has valid meta")
-                .key_inline
-            {
-                Some(_) => None,
-                None => Some(element_key(s, &words).into_boxed_slice()),
-            };
-            Slot { words, long_key }
-        })
-        .collect();
+    collate_in(s, leaf, n, keep, &RB::Unbounded, &RB::Unbounded)
+}
+
+/// [`collate`] restricted to keys in `[lo, hi]`: elements outside are
+/// skipped before they are sorted, mostly on their key word alone (a narrow
+/// scan, such as a prefix, sorts only what it returns). `max_key` and `live`
+/// then describe the keys in range only.
+pub fn collate_in<S: Space>(s: &S, leaf: u64, n: u64, keep: Keep, lo: &RB<Vec<u8>>, hi: &RB<Vec<u8>>) -> Collated {
+    // Key-word bounds: a key whose word is below `lo`'s word is below `lo`
+    // (words order keys by their first 8 bytes), likewise above `hi`.
+    let lo_word = match lo {
+        RB::Included(k) | RB::Excluded(k) => nv::key_word(k),
+        RB::Unbounded => 0,
+    };
+    let hi_word = match hi {
+        RB::Included(k) | RB::Excluded(k) => nv::key_word(k),
+        RB::Unbounded => u64::MAX,
+    };
+    let bounded = !matches!((lo, hi), (RB::Unbounded, RB::Unbounded));
+    let mut all: Vec<Slot> = Vec::with_capacity(n as usize);
+    for i in 0..n {
+        let words = load_words(s, nv::elem(leaf, i));
+        if words[0] < lo_word || words[0] > hi_word {
+            continue;
+        }
+        let long_key = match Meta::decode(words[3])
+            .expect("published element has valid meta")
+            .key_inline
+        {
+            Some(_) => None,
+            None => Some(element_key(s, &words).into_boxed_slice()),
+        };
+        let slot = Slot { words, long_key };
+        if bounded && !slot.in_range(lo, hi) {
+            continue;
+        }
+        all.push(slot);
+    }
     all.sort_by(|a, b| a.key_cmp(b)); // stable: equal keys stay in append order
     let max_key = all.last().map(|x| x.key());
     let max_version = all.iter().map(|x| x.version()).max().unwrap_or(0);
@@ -193,7 +236,7 @@ pub fn collate<S: Space>(s: &S, leaf: u64, n: u64, keep: Keep) -> Collated {
     }
     // A rewrite drops the blobs no kept element refers to.
     let mut dropped = Vec::new();
-    if matches!(keep, Keep::Since(_)) {
+    if matches!(keep, Keep::Since(_)) && all.iter().any(|e| e.blob() != 0) {
         let kept: std::collections::HashSet<u64> = valid.iter().map(|e| e.blob()).filter(|&b| b != 0).collect();
         dropped = all
             .iter()

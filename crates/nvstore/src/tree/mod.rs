@@ -475,10 +475,9 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
     /// keys and values are materialised only when the iterator yields them.
     fn leaf_range(&self, f: &Found, lo: &KeyBound, hi: &KeyBound, at: u64) -> Vec<Pending> {
         let n = f.leaf.durable.load(Ordering::Acquire);
-        leaf::collate(&*self.space, f.leaf.off, n, Keep::At(at))
+        leaf::collate_in(&*self.space, f.leaf.off, n, Keep::At(at), lo, hi)
             .valid
             .into_iter()
-            .filter(|e| slot_in_range(e, lo, hi))
             .map(|e| {
                 let blob_value = e.value_in_blob().then(|| leaf::element_value(&*self.space, &e.words));
                 Pending { slot: e, blob_value }
@@ -771,21 +770,6 @@ impl Pending {
         };
         (self.slot.key(), v)
     }
-}
-
-fn slot_in_range(e: &Slot, lo: &KeyBound, hi: &KeyBound) -> bool {
-    use std::cmp::Ordering::*;
-    let above = match lo {
-        RB::Unbounded => true,
-        RB::Included(l) => e.cmp_bytes(l) != Less,
-        RB::Excluded(l) => e.cmp_bytes(l) == Greater,
-    };
-    above
-        && match hi {
-            RB::Unbounded => true,
-            RB::Included(h) => e.cmp_bytes(h) != Greater,
-            RB::Excluded(h) => e.cmp_bytes(h) == Less,
-        }
 }
 
 pub fn in_range(k: &[u8], lo: &KeyBound, hi: &KeyBound) -> bool {

@@ -640,12 +640,13 @@ fn kill_under_pipelined_load_keeps_every_acknowledged_write() {
                 let mut c = Client::connect(port);
                 let mut i = w << 40;
                 while !stop.load(Ordering::Relaxed) {
-                    // A window of 32 requests: SET, MSET of three keys, HSET of two fields.
+                    // A window of 32 operations: SET, MSET of three keys, HSET of two
+                    // fields, MULTI/SET/HSET/EXEC.
                     let mut batch = Vec::new();
                     let first = i;
                     for _ in 0..32 {
                         let (k, v) = (format!("s{i}"), format!("v{i}"));
-                        batch.extend(match i % 3 {
+                        batch.extend(match i % 4 {
                             0 => encode(&[b"SET", k.as_bytes(), v.as_bytes()]),
                             1 => encode(&[
                                 b"MSET",
@@ -656,7 +657,7 @@ fn kill_under_pipelined_load_keeps_every_acknowledged_write() {
                                 format!("m{i}c").as_bytes(),
                                 v.as_bytes(),
                             ]),
-                            _ => encode(&[
+                            2 => encode(&[
                                 b"HSET",
                                 format!("h{i}").as_bytes(),
                                 b"f1",
@@ -664,16 +665,32 @@ fn kill_under_pipelined_load_keeps_every_acknowledged_write() {
                                 b"f2",
                                 v.as_bytes(),
                             ]),
+                            _ => [
+                                encode(&[b"MULTI"]),
+                                encode(&[b"SET", format!("e{i}a").as_bytes(), v.as_bytes()]),
+                                encode(&[b"HSET", format!("e{i}b").as_bytes(), b"f", v.as_bytes()]),
+                                encode(&[b"EXEC"]),
+                            ]
+                            .concat(),
                         });
                         i += 1;
                     }
                     c.send_raw(&batch);
                     for n in first..i {
-                        match c.read() {
-                            Ok(R::Err(e)) => panic!("write {n} failed: {e}"),
-                            Ok(_) => acked.lock().unwrap().push(n),
-                            Err(_) => return,
+                        // MULTI, two QUEUED and EXEC's array for a transaction.
+                        let replies = if n % 4 == 3 { 4 } else { 1 };
+                        let mut last = R::Nil;
+                        for _ in 0..replies {
+                            match c.read() {
+                                Ok(R::Err(e)) => panic!("write {n} failed: {e}"),
+                                Ok(r) => last = r,
+                                Err(_) => return,
+                            }
                         }
+                        if n % 4 == 3 {
+                            assert_eq!(last, R::Array(vec![R::ok(), R::Int(1)]), "EXEC of {n}");
+                        }
+                        acked.lock().unwrap().push(n);
                     }
                 }
             })
@@ -695,17 +712,25 @@ fn kill_under_pipelined_load_keeps_every_acknowledged_write() {
     let acked_set: HashSet<u64> = acked.iter().copied().collect();
     for &i in &acked {
         let v = R::s(&format!("v{i}"));
-        match i % 3 {
+        match i % 4 {
             0 => assert_eq!(c.cmd(&["get", &format!("s{i}")]), v, "acknowledged SET {i} lost"),
             1 => assert_eq!(
                 c.cmd(&["mget", &format!("m{i}a"), &format!("m{i}b"), &format!("m{i}c")]),
                 R::Array(vec![v.clone(), v.clone(), v]),
                 "acknowledged MSET {i} lost"
             ),
-            _ => assert_eq!(
+            2 => assert_eq!(
                 c.cmd(&["hgetall", &format!("h{i}")]),
                 R::Array(vec![R::s("f1"), v.clone(), R::s("f2"), v])
             ),
+            _ => {
+                assert_eq!(c.cmd(&["get", &format!("e{i}a")]), v, "acknowledged EXEC {i} lost");
+                assert_eq!(
+                    c.cmd(&["hget", &format!("e{i}b"), "f"]),
+                    v,
+                    "acknowledged EXEC {i} lost"
+                );
+            }
         }
     }
     // Unacknowledged multi-key writes are all-or-nothing.
@@ -720,6 +745,18 @@ fn kill_under_pipelined_load_keeps_every_acknowledged_write() {
     }
     for (g, n) in &groups {
         assert_eq!(*n, 3, "MSET {g} is partially applied");
+    }
+    let R::Array(keys) = c.cmd(&["keys", "e*"]) else {
+        panic!()
+    };
+    let mut txns = std::collections::HashMap::<String, usize>::new();
+    for k in keys {
+        let R::Bulk(k) = k else { panic!() };
+        let k = String::from_utf8(k).unwrap();
+        *txns.entry(k[..k.len() - 1].to_string()).or_default() += 1;
+    }
+    for (g, n) in &txns {
+        assert_eq!(*n, 2, "transaction {g} is partially applied");
     }
     let R::Array(hashes) = c.cmd(&["keys", "h*"]) else {
         panic!()

@@ -13,7 +13,8 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use server_support::{have_tool, pool_dir, Client, Server, R};
 
-struct RedisServer(Child, u16);
+/// The process, its port, and its working directory (removed after it).
+struct RedisServer(Child, u16, #[allow(dead_code)] tempfile::TempDir);
 
 impl Drop for RedisServer {
     fn drop(&mut self) {
@@ -28,7 +29,11 @@ fn start_redis() -> RedisServer {
         .local_addr()
         .unwrap()
         .port();
+    // A temporary working directory: it can leave no file behind.
+    let dir = pool_dir();
     let child = Command::new("redis-server")
+        .arg("--dir")
+        .arg(dir.path())
         .args([
             "--port",
             &port.to_string(),
@@ -48,7 +53,7 @@ fn start_redis() -> RedisServer {
         assert!(Instant::now() < deadline, "redis-server did not start");
         std::thread::sleep(Duration::from_millis(20));
     }
-    RedisServer(child, port)
+    RedisServer(child, port, dir)
 }
 
 fn pick<'a>(rng: &mut StdRng, xs: &[&'a str]) -> &'a str {

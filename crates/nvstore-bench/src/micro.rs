@@ -867,7 +867,7 @@ pub fn print_compare_table(rs: &[CompareResult], out: &mut dyn Write) -> std::io
     Ok(())
 }
 
-fn write_out<T: Serialize>(dir: &Path, name: &str, items: &[T]) -> Result<PathBuf> {
+pub fn write_out<T: Serialize>(dir: &Path, name: &str, items: &[T]) -> Result<PathBuf> {
     std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
     let path = dir.join(name);
     let mut f = std::fs::File::create(&path).map_err(|e| Error::io(&path, e))?;

@@ -35,14 +35,14 @@ use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
-use crate::baselines::{FastFair, FpTree, TreeEngine, Volatile, WbTree};
+use crate::baselines::{Cdds, FastFair, FpTree, Lcb, TreeEngine, Volatile, WbTree};
 use crate::engine::{BenchIndex, KeyKind};
 use nvstore::pmem::file::FileOptions;
 use nvstore::pmem::{FileSpace, OpenMode, Space, ThreadCounters};
 use nvstore::{Error, LeafFormat, Result};
 
 /// Every engine, in report order; `tree` is nvstore itself.
-pub const ENGINES: &[&str] = &["tree", "volatile", "fptree", "fastfair", "wbtree"];
+pub const ENGINES: &[&str] = &["tree", "volatile", "lcb", "cdds", "fptree", "fastfair", "wbtree"];
 
 /// The measured operation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
@@ -102,7 +102,7 @@ pub fn parse_size(s: &str) -> std::result::Result<u64, String> {
 /// `nvstore bench micro` flags.
 #[derive(clap::Args, Clone, Debug)]
 pub struct MicroArgs {
-    /// Engine: tree, volatile, fptree, fastfair, wbtree; a comma list; or all.
+    /// Engine: tree, volatile, lcb, cdds, fptree, fastfair, wbtree; a comma list; or all.
     #[arg(long, default_value = "tree")]
     pub engine: String,
     /// Leaf format of the tree engine (baselines have their own).
@@ -272,6 +272,8 @@ pub fn engine_in<S: Space>(name: &str, space: S, path: &Path, cfg: &EngineConfig
             Box::new(TreeEngine::create(space, path, ns32, cfg.leaf, cfg.key_kind)?)
         }
         "volatile" => Box::new(Volatile::new(ns)),
+        "lcb" => Box::new(Lcb::new(Arc::new(space), ns)?),
+        "cdds" => Box::new(Cdds::new(Arc::new(space), ns)?),
         "fptree" => Box::new(FpTree::new(Arc::new(space), ns)?),
         "fastfair" => Box::new(FastFair::new(Arc::new(space), ns)?),
         "wbtree" => Box::new(WbTree::new(Arc::new(space), ns)?),

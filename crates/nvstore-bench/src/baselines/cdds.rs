@@ -437,9 +437,13 @@ impl<S: Space> Cdds<S> {
                 )
             };
             let p = &self.pool;
+            // The previous root before the version that names it: the two
+            // words share a line, and a torn write-back must not pair a new
+            // version with a stale previous root.
             p.store(PREV_ROOT, n);
+            p.persist(PREV_ROOT, 8, ROOT_FLUSH, ROOT_FENCE);
             p.store(ROOT_CHANGED, v);
-            p.persist(PREV_ROOT, 16, ROOT_FLUSH, ROOT_FENCE);
+            p.persist(ROOT_CHANGED, 8, ROOT_FLUSH, ROOT_FENCE);
             p.store(ROOT_NODE, root);
             p.persist(ROOT_NODE, 8, ROOT_FLUSH, ROOT_FENCE);
             st.root = root;

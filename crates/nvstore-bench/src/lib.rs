@@ -10,6 +10,7 @@
 
 pub mod baselines;
 pub mod engine;
+pub mod external;
 pub mod micro;
 pub mod plot;
 pub mod ycsb;

@@ -42,7 +42,22 @@ use nvstore::pmem::{FileSpace, OpenMode, Space, ThreadCounters};
 use nvstore::{Error, LeafFormat, Result};
 
 /// Every engine, in report order; `tree` is nvstore itself.
+#[cfg(not(feature = "lmdb"))]
 pub const ENGINES: &[&str] = &["tree", "volatile", "lcb", "cdds", "fptree", "fastfair", "wbtree"];
+/// Every engine, in report order; `tree` is nvstore itself; LMDB with the
+/// `lmdb` feature.
+#[cfg(feature = "lmdb")]
+pub const ENGINES: &[&str] = &[
+    "tree",
+    "volatile",
+    "lcb",
+    "cdds",
+    "fptree",
+    "fastfair",
+    "wbtree",
+    "lmdb",
+    "lmdb-batch",
+];
 
 /// The measured operation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
@@ -227,6 +242,10 @@ impl Default for CompareArgs {
     }
 }
 
+/// LMDB's map size: address space only; the file grows as pages are used.
+#[cfg(feature = "lmdb")]
+const LMDB_MAP_SIZE: usize = 16 << 30;
+
 /// How to build an engine.
 #[derive(Clone, Debug)]
 pub struct EngineConfig {
@@ -277,6 +296,12 @@ pub fn engine_in<S: Space>(name: &str, space: S, path: &Path, cfg: &EngineConfig
         "fptree" => Box::new(FpTree::new(Arc::new(space), ns)?),
         "fastfair" => Box::new(FastFair::new(Arc::new(space), ns)?),
         "wbtree" => Box::new(WbTree::new(Arc::new(space), ns)?),
+        #[cfg(feature = "lmdb")]
+        "lmdb" | "lmdb-batch" => Box::new(crate::external::lmdb::Lmdb::create(
+            &cfg.pool_dir,
+            LMDB_MAP_SIZE,
+            name == "lmdb-batch",
+        )?),
         _ => return Err(unknown_engine(name)),
     })
 }
@@ -295,6 +320,19 @@ static POOL_SEQ: AtomicU64 = AtomicU64::new(0);
 pub fn open_engine(name: &str, cfg: &EngineConfig) -> Result<Box<dyn BenchIndex>> {
     if !ENGINES.contains(&name) {
         return Err(unknown_engine(name));
+    }
+    #[cfg(feature = "lmdb")]
+    if name.starts_with("lmdb") {
+        if cfg.key_kind == KeyKind::String {
+            return Err(Error::InvalidOption(format!(
+                "engine {name} stores 8-byte keys only; --key-kind string needs --engine tree"
+            )));
+        }
+        return Ok(Box::new(crate::external::lmdb::Lmdb::create(
+            &cfg.pool_dir,
+            LMDB_MAP_SIZE,
+            name == "lmdb-batch",
+        )?));
     }
     if name == "volatile" {
         if cfg.key_kind == KeyKind::String {

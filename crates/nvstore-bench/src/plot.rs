@@ -401,7 +401,13 @@ pub fn plot(args: &PlotArgs) -> Result<Vec<PathBuf>> {
                 &t,
                 false,
             )?);
-            let f = series_of(&at_keys, |r| r.node_size as f64, |r| r.flushes_per_op);
+            // LMDB's writes bypass the pmem layer: its flushes are not counted.
+            let counted: Vec<&Run> = at_keys
+                .iter()
+                .copied()
+                .filter(|r| !r.engine.starts_with("lmdb"))
+                .collect();
+            let f = series_of(&counted, |r| r.node_size as f64, |r| r.flushes_per_op);
             files.extend(lines(
                 &out,
                 &format!("flushes_vs_node_size_{op}"),

@@ -344,15 +344,51 @@ fn tool_missing(tool: &str) -> bool {
         .is_err()
 }
 
+/// False (after printing why) when redis-server is missing; a failure
+/// instead with NVSTORE_REQUIRE_TOOLS=1.
+fn have_redis() -> bool {
+    if !tool_missing("redis-server") {
+        return true;
+    }
+    let required = std::env::var("NVSTORE_REQUIRE_TOOLS").is_ok_and(|v| v == "1");
+    assert!(
+        !required,
+        "redis-server is not installed and NVSTORE_REQUIRE_TOOLS=1 (apt-get install -y redis-server)"
+    );
+    eprintln!("skipping: redis-server is not installed (apt-get install -y redis-server)");
+    false
+}
+
+#[test]
+fn redis_target_starts_and_stops_a_durable_server() {
+    if !have_redis() {
+        return;
+    }
+    let args = YcsbArgs {
+        workload: WorkloadName::A,
+        records: 1000,
+        ops: 1000,
+        threads: 2,
+        target: "redis".into(),
+        ..YcsbArgs::default()
+    };
+    let r = run_ycsb(&args).unwrap();
+    assert_eq!(r.target, "redis");
+    assert_eq!(r.operations.values().map(|s| s.count).sum::<u64>(), 1000);
+    assert!(r.operations.values().all(|s| s.not_found == 0));
+    // The server and its files on /dev/shm are gone after the run.
+    let prefix = format!("nvstore-redis-{}-", std::process::id());
+    let left: Vec<_> = std::fs::read_dir("/dev/shm")
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+}
+
 #[test]
 fn resp_runs_every_workload_against_redis() {
-    if tool_missing("redis-server") {
-        let required = std::env::var("NVSTORE_REQUIRE_TOOLS").is_ok_and(|v| v == "1");
-        assert!(
-            !required,
-            "redis-server is not installed and NVSTORE_REQUIRE_TOOLS=1 (apt-get install -y redis-server)"
-        );
-        eprintln!("skipping: redis-server is not installed (apt-get install -y redis-server)");
+    if !have_redis() {
         return;
     }
     let dir = tempfile::Builder::new()

@@ -27,7 +27,8 @@
 //!
 //! Targets (see [`target`]): `embedded` is an nvstore pool in this process,
 //! one serialized value per record; `resp://HOST:PORT` is any server of the
-//! Redis protocol with the record layout of YCSB's redis binding.
+//! Redis protocol with the record layout of YCSB's redis binding; `redis`
+//! is that layout on a durable redis-server the benchmark starts.
 
 pub mod gen;
 pub mod resp;
@@ -277,7 +278,9 @@ pub struct YcsbArgs {
     /// Client threads (each with its own connection).
     #[arg(long, default_value_t = 1)]
     pub threads: usize,
-    /// `embedded` (an nvstore pool in this process) or `resp://HOST:PORT`.
+    /// `embedded` (an nvstore pool in this process), `redis` (a redis-server
+    /// started here with appendfsync always, files on /dev/shm) or
+    /// `resp://HOST:PORT` (any Redis-protocol server).
     #[arg(long, default_value = "embedded")]
     pub target: String,
     /// Print one JSON object instead of a table.
@@ -596,7 +599,10 @@ pub fn ycsb_main(args: &YcsbArgs, out: &mut dyn Write) -> Result<YcsbResult> {
         print_ycsb_table(&r, out).map_err(stdout_err)?;
     }
     if let Some(dir) = &args.out {
-        let kind = if r.target == "embedded" { "embedded" } else { "resp" };
+        let kind = match r.target.as_str() {
+            "embedded" | "redis" => r.target.as_str(),
+            _ => "resp",
+        };
         let name = format!(
             "ycsb-{}-{}-{}-{}-{}.jsonl",
             r.workload.as_str(),

@@ -20,6 +20,10 @@
 //! with score `hash(key)` (Java's `String.hashCode`), and a scan is
 //! `ZRANGEBYSCORE _indices hash(start) +inf LIMIT 0 len` followed by
 //! `HGETALL` of each key returned.
+//!
+//! **redis** (`--target redis`): the same client against a `redis-server`
+//! this benchmark starts with `appendonly yes`, `appendfsync always`, its
+//! files on /dev/shm ([`RedisServer`]), stopped when the run ends.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -29,6 +33,7 @@ use parking_lot::Mutex;
 
 use super::resp::{Reply, RespConn};
 use super::{CoreWorkload, YcsbArgs};
+use crate::external::redis_server::RedisServer;
 use nvstore::pmem::file::FileOptions;
 use nvstore::pmem::{FileSpace, OpenMode};
 use nvstore::{Db, Error, LeafFormat, Options, Result};
@@ -58,6 +63,15 @@ pub fn open(args: &YcsbArgs, w: &CoreWorkload) -> Result<Box<dyn Target>> {
     if args.target == "embedded" {
         return Ok(Box::new(Embedded::create(args, w)?));
     }
+    if args.target == "redis" {
+        let server = RedisServer::start()?;
+        let addr = server.addr().to_string();
+        return Ok(Box::new(Resp {
+            addr,
+            fields: field_names(w.field_count),
+            server: Some(server),
+        }));
+    }
     if let Some(addr) = args.target.strip_prefix("resp://") {
         let addr = addr.trim_end_matches('/');
         // Fail early, before any thread starts, if nobody listens.
@@ -65,10 +79,11 @@ pub fn open(args: &YcsbArgs, w: &CoreWorkload) -> Result<Box<dyn Target>> {
         return Ok(Box::new(Resp {
             addr: addr.to_string(),
             fields: field_names(w.field_count),
+            server: None,
         }));
     }
     Err(Error::InvalidOption(format!(
-        "unknown target '{}' (expected embedded or resp://HOST:PORT)",
+        "unknown target '{}' (expected embedded, redis or resp://HOST:PORT)",
         args.target
     )))
 }
@@ -249,10 +264,11 @@ pub fn java_string_hash(s: &str) -> i32 {
         .fold(0i32, |h, c| h.wrapping_mul(31).wrapping_add(c as i32))
 }
 
-/// A Redis-protocol server.
+/// A Redis-protocol server (`server`: one this benchmark started).
 pub struct Resp {
     addr: String,
     fields: Vec<String>,
+    server: Option<RedisServer>,
 }
 
 impl Target for Resp {
@@ -263,7 +279,10 @@ impl Target for Resp {
         }))
     }
     fn name(&self) -> String {
-        format!("resp://{}", self.addr)
+        match self.server {
+            Some(_) => "redis".into(),
+            None => format!("resp://{}", self.addr),
+        }
     }
     fn layout(&self) -> &'static str {
         "YCSB redis binding: a hash per record, keys in the _indices zset"

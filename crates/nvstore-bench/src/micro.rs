@@ -117,7 +117,8 @@ pub fn parse_size(s: &str) -> std::result::Result<u64, String> {
 /// `nvstore bench micro` flags.
 #[derive(clap::Args, Clone, Debug)]
 pub struct MicroArgs {
-    /// Engine: tree, volatile, lcb, cdds, fptree, fastfair, wbtree; a comma list; or all.
+    /// Engine: tree, volatile, lcb, cdds, fptree, fastfair, wbtree (and lmdb,
+    /// lmdb-batch with the `lmdb` feature); a comma list; or all.
     #[arg(long, default_value = "tree")]
     pub engine: String,
     /// Leaf format of the tree engine (baselines have their own).

@@ -7,7 +7,8 @@
 //!
 //! FAST-FAIR assumes that stores to one cache line persist in program order
 //! (its paper, §3), so its campaign skips the simulator's word-torn images
-//! and keeps the line-granular ones.
+//! and keeps the line-granular ones (with torn images it fails at the first
+//! insert: a record's value word persisted without its key word).
 //!
 //! Each campaign is also run with one essential flush dropped, and must then
 //! find violations: the check can fail.

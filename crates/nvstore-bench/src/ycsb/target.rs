@@ -285,7 +285,13 @@ impl Target for Resp {
         }
     }
     fn layout(&self) -> &'static str {
-        "YCSB redis binding: a hash per record, keys in the _indices zset"
+        match self.server {
+            Some(_) => {
+                "YCSB redis binding: a hash per record, keys in the _indices zset; \
+                 redis-server started here: appendonly yes, appendfsync always, files on /dev/shm"
+            }
+            None => "YCSB redis binding: a hash per record, keys in the _indices zset",
+        }
     }
 }
 

@@ -1,7 +1,7 @@
 //! Benchmarks (DESIGN §14): the papers' experiments on one persistent-memory
 //! layer, so flush counts compare honestly across engines.
 //!
-//! Entry points for the CLI (`nvstore bench micro|compare`):
+//! Entry points for the CLI (`nvstore bench micro|compare|ycsb|plot`):
 //! [`micro::MicroArgs`] / [`micro::micro_main`] and [`micro::CompareArgs`] /
 //! [`micro::compare_main`]; [`micro::run_micro`] and [`micro::run_compare`]
 //! return the results without printing.
@@ -10,9 +10,14 @@
 
 pub mod baselines;
 pub mod engine;
+pub mod external;
 pub mod micro;
+pub mod plot;
+pub mod ycsb;
 
 pub use engine::{BenchIndex, EngineStats, KeyKind};
 pub use micro::{
     compare_main, micro_main, run_compare, run_micro, CompareArgs, CompareResult, MicroArgs, MicroResult, Op,
 };
+pub use plot::{plot_main, PlotArgs};
+pub use ycsb::{ycsb_main, YcsbArgs, YcsbResult};

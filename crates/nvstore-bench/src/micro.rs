@@ -35,14 +35,29 @@ use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
-use crate::baselines::{FastFair, FpTree, TreeEngine, Volatile, WbTree};
+use crate::baselines::{Cdds, FastFair, FpTree, Lcb, TreeEngine, Volatile, WbTree};
 use crate::engine::{BenchIndex, KeyKind};
 use nvstore::pmem::file::FileOptions;
 use nvstore::pmem::{FileSpace, OpenMode, Space, ThreadCounters};
 use nvstore::{Error, LeafFormat, Result};
 
 /// Every engine, in report order; `tree` is nvstore itself.
-pub const ENGINES: &[&str] = &["tree", "volatile", "fptree", "fastfair", "wbtree"];
+#[cfg(not(feature = "lmdb"))]
+pub const ENGINES: &[&str] = &["tree", "volatile", "lcb", "cdds", "fptree", "fastfair", "wbtree"];
+/// Every engine, in report order; `tree` is nvstore itself; LMDB with the
+/// `lmdb` feature.
+#[cfg(feature = "lmdb")]
+pub const ENGINES: &[&str] = &[
+    "tree",
+    "volatile",
+    "lcb",
+    "cdds",
+    "fptree",
+    "fastfair",
+    "wbtree",
+    "lmdb",
+    "lmdb-batch",
+];
 
 /// The measured operation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
@@ -102,7 +117,8 @@ pub fn parse_size(s: &str) -> std::result::Result<u64, String> {
 /// `nvstore bench micro` flags.
 #[derive(clap::Args, Clone, Debug)]
 pub struct MicroArgs {
-    /// Engine: tree, volatile, fptree, fastfair, wbtree; a comma list; or all.
+    /// Engine: tree, volatile, lcb, cdds, fptree, fastfair, wbtree (and lmdb,
+    /// lmdb-batch with the `lmdb` feature); a comma list; or all.
     #[arg(long, default_value = "tree")]
     pub engine: String,
     /// Leaf format of the tree engine (baselines have their own).
@@ -227,6 +243,10 @@ impl Default for CompareArgs {
     }
 }
 
+/// LMDB's map size: address space only; the file grows as pages are used.
+#[cfg(feature = "lmdb")]
+const LMDB_MAP_SIZE: usize = 16 << 30;
+
 /// How to build an engine.
 #[derive(Clone, Debug)]
 pub struct EngineConfig {
@@ -272,9 +292,17 @@ pub fn engine_in<S: Space>(name: &str, space: S, path: &Path, cfg: &EngineConfig
             Box::new(TreeEngine::create(space, path, ns32, cfg.leaf, cfg.key_kind)?)
         }
         "volatile" => Box::new(Volatile::new(ns)),
+        "lcb" => Box::new(Lcb::new(Arc::new(space), ns)?),
+        "cdds" => Box::new(Cdds::new(Arc::new(space), ns)?),
         "fptree" => Box::new(FpTree::new(Arc::new(space), ns)?),
         "fastfair" => Box::new(FastFair::new(Arc::new(space), ns)?),
         "wbtree" => Box::new(WbTree::new(Arc::new(space), ns)?),
+        #[cfg(feature = "lmdb")]
+        "lmdb" | "lmdb-batch" => Box::new(crate::external::lmdb::Lmdb::create(
+            &cfg.pool_dir,
+            LMDB_MAP_SIZE,
+            name == "lmdb-batch",
+        )?),
         _ => return Err(unknown_engine(name)),
     })
 }
@@ -293,6 +321,19 @@ static POOL_SEQ: AtomicU64 = AtomicU64::new(0);
 pub fn open_engine(name: &str, cfg: &EngineConfig) -> Result<Box<dyn BenchIndex>> {
     if !ENGINES.contains(&name) {
         return Err(unknown_engine(name));
+    }
+    #[cfg(feature = "lmdb")]
+    if name.starts_with("lmdb") {
+        if cfg.key_kind == KeyKind::String {
+            return Err(Error::InvalidOption(format!(
+                "engine {name} stores 8-byte keys only; --key-kind string needs --engine tree"
+            )));
+        }
+        return Ok(Box::new(crate::external::lmdb::Lmdb::create(
+            &cfg.pool_dir,
+            LMDB_MAP_SIZE,
+            name == "lmdb-batch",
+        )?));
     }
     if name == "volatile" {
         if cfg.key_kind == KeyKind::String {
@@ -867,7 +908,7 @@ pub fn print_compare_table(rs: &[CompareResult], out: &mut dyn Write) -> std::io
     Ok(())
 }
 
-fn write_out<T: Serialize>(dir: &Path, name: &str, items: &[T]) -> Result<PathBuf> {
+pub fn write_out<T: Serialize>(dir: &Path, name: &str, items: &[T]) -> Result<PathBuf> {
     std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
     let path = dir.join(name);
     let mut f = std::fs::File::create(&path).map_err(|e| Error::io(&path, e))?;

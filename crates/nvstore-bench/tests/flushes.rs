@@ -129,7 +129,7 @@ fn fastfair_flushes_each_line_the_shift_crosses() {
 
 #[test]
 fn searches_and_scans_never_flush() {
-    for name in ["tree", "fptree", "fastfair", "wbtree"] {
+    for name in ["tree", "lcb", "cdds", "fptree", "fastfair", "wbtree"] {
         let e = engine(name, 512);
         for i in 0..2000 {
             e.insert(key(i), i + 1);
@@ -144,4 +144,60 @@ fn searches_and_scans_never_flush() {
         });
         assert_eq!((f, n), (0, 0), "{name}");
     }
+}
+
+/// LCB+Tree: the used part of the node is logged (one record flush, one
+/// count flush), the node's changed lines are flushed, the log is truncated.
+#[test]
+fn lcb_logs_the_node_before_changing_it() {
+    let e = engine("lcb", 1024);
+    // 1 KB nodes: 60 entries of 16 bytes after a 64-byte header.
+    e.insert(10, 1); // allocates the first log block
+    for c in 1..40u64 {
+        // Appending entry c: log record = 64-byte record header + the node's
+        // 64-byte header + c entries; then the count word; then the node's
+        // header line and the new entry's line; then the commit.
+        let record_lines = (128 + 16 * c).div_ceil(64);
+        assert_eq!(
+            cost(|| e.insert(10 * (c + 1), c)),
+            (record_lines + 1 + 2 + 1, 4),
+            "append {c}"
+        );
+    }
+    // Update in place: the node is logged all the same (paper §6.3).
+    let c = 40u64;
+    assert_eq!(
+        cost(|| assert!(e.update(50, 7))),
+        ((128 + 16 * c).div_ceil(64) + 1 + 1 + 1, 4)
+    );
+    // Inserting the smallest key shifts every entry: all entry lines flushed.
+    let (f, n) = cost(|| e.insert(1, 1));
+    assert_eq!(n, 4);
+    assert_eq!(
+        f,
+        (128 + 16 * c).div_ceil(64) + 1 + (1 + (16 * (c + 1)).div_ceil(64)) + 1
+    );
+    assert_eq!(e.stats().splits, 0);
+}
+
+/// CDDS-Tree: a delete is one end-version store and the version commit; an
+/// insert flushes each shifted entry (two persisted steps each, see cdds.rs).
+#[test]
+fn cdds_flushes_entries_and_the_version() {
+    let e = engine("cdds", 4096);
+    for c in 0..40u64 {
+        // Append: the entry (beyond the count), the count, the version.
+        assert_eq!(cost(|| e.insert(10 * (c + 1), c + 1)), (3, 3), "append {c}");
+    }
+    let c = 40u64;
+    // Smallest key: a full copy of the last entry, the count, two steps per
+    // shifted entry, two for the new entry, the version.
+    assert_eq!(cost(|| e.insert(1, 1)), (2 * c + 3, 2 * c + 3));
+    // Delete: end version + commit.
+    assert_eq!(cost(|| assert!(e.delete(200))), (2, 2));
+    // Update of the largest key: end the old entry, append the new one.
+    assert_eq!(cost(|| assert!(e.update(400, 9))), (4, 4));
+    assert_eq!(e.search(400), Some(9));
+    assert_eq!(e.search(200), None);
+    assert_eq!(e.stats().splits, 0);
 }

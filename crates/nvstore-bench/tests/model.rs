@@ -29,6 +29,10 @@ fn key_of(i: u64, space: u64) -> u64 {
     }
 }
 
+fn external(name: &str) -> bool {
+    name.starts_with("lmdb")
+}
+
 fn check_all(e: &dyn BenchIndex, m: &BTreeMap<u64, u64>, what: &str) {
     let mut all = Vec::new();
     e.scan(0, usize::MAX, &mut all);
@@ -89,7 +93,10 @@ fn model(e: &dyn BenchIndex, seed: u64, ops_per_phase: usize, space: u64) {
         }
         check_all(e, &m, &format!("after phase {p}"));
     }
-    assert!(e.stats().splits > 0, "{}: no split", e.name());
+    // External engines (LMDB, with the `lmdb` feature) report no structure counters.
+    if !external(e.name()) {
+        assert!(e.stats().splits > 0, "{}: no split", e.name());
+    }
 }
 
 #[test]
@@ -97,7 +104,11 @@ fn every_engine_matches_the_model_small_nodes() {
     for &name in ENGINES {
         let e = sim_engine(name, 256);
         model(&*e, 7, 12_000, 6_000);
-        assert!(e.stats().splits >= 20, "{name}: only {} splits", e.stats().splits);
+        assert!(
+            external(name) || e.stats().splits >= 20,
+            "{name}: only {} splits",
+            e.stats().splits
+        );
     }
 }
 

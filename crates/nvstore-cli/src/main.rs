@@ -104,7 +104,7 @@ enum Cmd {
     Crashtest(CrashtestArgs),
     /// Try nvstore: insert, read back, scan, delete, check, close and reopen a pool, and report.
     Demo(demo::DemoArgs),
-    /// Benchmarks: the papers' experiments against baseline trees (`micro`, `compare`).
+    /// Benchmarks: the papers' experiments against baseline trees (`micro`, `compare`, `ycsb`, `plot`).
     #[command(subcommand)]
     Bench(BenchCmd),
     /// Serve a pool over the Redis protocol (RESP2/RESP3) until SIGINT, SIGTERM or SHUTDOWN.
@@ -117,6 +117,10 @@ enum BenchCmd {
     Micro(nvstore_bench::MicroArgs),
     /// Every engine in one process, repetitions interleaved, ratios to tree/nv.
     Compare(nvstore_bench::CompareArgs),
+    /// YCSB core workloads A-F against the embedded engine or a Redis-protocol server.
+    Ycsb(nvstore_bench::YcsbArgs),
+    /// Draw the papers' figures (SVG and PNG) from the JSON results in a directory.
+    Plot(nvstore_bench::PlotArgs),
 }
 
 const LOAD_HELP: &str = "\
@@ -336,6 +340,8 @@ fn bench(b: BenchCmd) -> CmdResult {
     let r = match &b {
         BenchCmd::Micro(a) => nvstore_bench::micro_main(a, &mut out).map(|_| ()),
         BenchCmd::Compare(a) => nvstore_bench::compare_main(a, &mut out).map(|_| ()),
+        BenchCmd::Ycsb(a) => nvstore_bench::ycsb_main(a, &mut out).map(|_| ()),
+        BenchCmd::Plot(a) => nvstore_bench::plot_main(a, &mut out).map(|_| ()),
     };
     r.map_err(|e| Fail::error(e.to_string()))
 }

@@ -48,9 +48,18 @@
 //! - a left shift flushes each line after its last store (the authors' code
 //!   flushes a line at its first store); deletes never merge or rebalance
 //!   underfull nodes (the paper's code does); no recovery procedure;
+//! - recovery ([`FastFair::recover`]) is eager where the paper's is lazy:
+//!   each level is walked along the sibling pointers and a node still
+//!   holding records that belong to its sibling (a FAIR split interrupted
+//!   before the truncation) is truncated; transient duplicates left by an
+//!   interrupted shift stay, and readers skip them as they do at run time.
+//!   The paper assumes stores to one cache line reach memory in program
+//!   order (FAST); word-torn crash images break that assumption, so the
+//!   crash campaign uses line-granular images for this engine;
 //! - `update` and an insert of a present key store the new value in place
 //!   with one atomic 8-byte store (FAST-FAIR has no update of its own).
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -145,6 +154,59 @@ impl<S: Space> FastFair<S> {
     }
 
     /// Pairs a node holds at most.
+    /// Reopens a tree from a crashed image: completes interrupted FAIR
+    /// splits level by level and rebuilds the allocator.
+    pub fn recover(space: Arc<S>, node_size: u64) -> Result<FastFair<S>> {
+        let sp = &*space;
+        let card = (node_size - RECORDS) / 16;
+        let key = |n: u64, i: u64| sp.load(n + RECORDS + 16 * i);
+        let ptr = |n: u64, i: u64| sp.load(n + RECORDS + 16 * i + 8);
+        let root = sp.load(ROOT);
+        let mut reachable = BTreeSet::new();
+        let mut first = root;
+        loop {
+            let leaf_level = Meta::decode(sp.load(first + META)).level == 0;
+            let mut n = first;
+            while n != 0 {
+                reachable.insert(n);
+                let sib = sp.load(n + SIBLING);
+                if sib != 0 && ptr(sib, 0) != 0 {
+                    // Leaves: records from the sibling's first key on moved;
+                    // inner nodes: from the record whose child became the
+                    // sibling's leftmost (the separator went up).
+                    let (sk, sl) = (key(sib, 0), sp.load(sib + LEFTMOST));
+                    let cut = (0..card - 1).take_while(|&i| ptr(n, i) != 0).find(|&i| {
+                        if leaf_level {
+                            key(n, i) >= sk
+                        } else {
+                            ptr(n, i) == sl
+                        }
+                    });
+                    if let Some(i) = cut {
+                        sp.store(n + RECORDS + 16 * i + 8, 0);
+                        sp.persist(n + RECORDS + 16 * i + 8, 8, SHIFT_FLUSH, SHIFT_FENCE);
+                        let mut mt = Meta::decode(sp.load(n + META));
+                        mt.last_index = i as i16 - 1;
+                        sp.store(n + META, mt.encode());
+                        sp.persist(n + META, 8, HEADER_FLUSH, HEADER_FENCE);
+                    }
+                }
+                n = sib;
+            }
+            if leaf_level {
+                break;
+            }
+            first = sp.load(first + LEFTMOST);
+        }
+        let pool = Pool::recover(space, &reachable)?;
+        Ok(FastFair {
+            pool,
+            node_size,
+            cardinality: card,
+            st: Mutex::new(State { root, splits: 0 }),
+        })
+    }
+
     pub fn max_entries(&self) -> u64 {
         self.cardinality - 1
     }

@@ -39,11 +39,18 @@
 //!   link the new leaf, reset the log. The separator goes into the DRAM inner
 //!   nodes.
 //!
+//! Recovery ([`FpTree::recover`], paper §4.3 "Recovery"): the micro-logs
+//! are replayed (a split whose leaf still has a full bitmap is discarded:
+//! the copy never became visible; otherwise the leaf's bitmap is completed
+//! and the new leaf linked; a logged unlink or two-word update is redone),
+//! then the DRAM inner nodes are rebuilt from the leaf list, each leaf keyed
+//! by its smallest key, and the allocator from the leaves reached.
+//!
 //! Simplifications: one writer at a time (the engine lock stands in for the
-//! paper's HTM + leaf locks); no recovery procedure is implemented (the
-//! persistent state and logs are the paper's, so one could be); inner nodes
-//! are the [`DramBTree`] of `volatile.rs` keyed by each leaf's lower bound.
+//! paper's HTM + leaf locks); inner nodes are the [`DramBTree`] of
+//! `volatile.rs` keyed by each leaf's lower bound.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -136,6 +143,93 @@ impl<S: Space> FpTree<S> {
         pool.persist(ROOT, 8, NEXT_FLUSH, NEXT_FENCE);
         let mut inner = DramBTree::new(node_size);
         inner.insert(0, leaf);
+        Ok(FpTree {
+            pool,
+            node_size,
+            g,
+            st: Mutex::new(State { inner, splits: 0 }),
+        })
+    }
+
+    /// Reopens a tree from a crashed image: replays the micro-logs, then
+    /// rebuilds the DRAM inner nodes from the leaves (paper §4.3).
+    pub fn recover(space: Arc<S>, node_size: u64) -> Result<FpTree<S>> {
+        let g = Geometry::new(node_size);
+        let words = g.words;
+        let full: Bitmap = {
+            let mut b = [0u64; 4];
+            for s in 0..g.slots {
+                b[(s / 64) as usize] |= 1 << (s % 64);
+            }
+            b
+        };
+        let sp = &*space;
+        let load_bm = |leaf: u64| {
+            let mut b = [0u64; 4];
+            for w in 0..words {
+                b[w as usize] = sp.load(leaf + 8 * w);
+            }
+            b
+        };
+        // Split micro-log.
+        let (leaf, new) = (sp.load(SPLIT_LOG), sp.load(SPLIT_LOG + 8));
+        if leaf != 0 && new != 0 && sp.load(leaf + g.next) != new {
+            let bm = load_bm(leaf);
+            if bm != full {
+                // The new leaf's bitmap was persisted before the leaf's: finish.
+                let upper = load_bm(new);
+                for w in 0..words {
+                    sp.store(leaf + 8 * w, full[w as usize] & !upper[w as usize]);
+                }
+                sp.persist(leaf, 8 * words, BITMAP_FLUSH, BITMAP_FENCE);
+                sp.store(leaf + g.next, new);
+                sp.persist(leaf + g.next, 8, NEXT_FLUSH, NEXT_FENCE);
+            }
+        }
+        sp.store(SPLIT_LOG, 0);
+        sp.store(SPLIT_LOG + 8, 0);
+        sp.persist(SPLIT_LOG, 16, LOG_FLUSH, LOG_FENCE);
+        // Delete micro-log: redo the unlink.
+        let (leaf, prev) = (sp.load(DELETE_LOG), sp.load(DELETE_LOG + 8));
+        if leaf != 0 && prev != 0 {
+            sp.store(prev + g.next, sp.load(leaf + g.next));
+            sp.persist(prev + g.next, 8, NEXT_FLUSH, NEXT_FENCE);
+        }
+        sp.store(DELETE_LOG, 0);
+        sp.store(DELETE_LOG + 8, 0);
+        sp.persist(DELETE_LOG, 16, LOG_FLUSH, LOG_FENCE);
+        // Update micro-log: redo both bits.
+        let leaf = sp.load(UPDATE_LOG);
+        if leaf != 0 {
+            let (o, s) = (sp.load(UPDATE_LOG + 8), sp.load(UPDATE_LOG + 16) - 1);
+            let (ow, sw) = (o / 64, s / 64);
+            sp.store(leaf + 8 * sw, sp.load(leaf + 8 * sw) | 1 << (s % 64));
+            sp.store(leaf + 8 * ow, sp.load(leaf + 8 * ow) & !(1 << (o % 64)));
+            sp.persist(leaf, 8 * words, BITMAP_FLUSH, BITMAP_FENCE);
+            sp.store(UPDATE_LOG, 0);
+            sp.persist(UPDATE_LOG, 8, LOG_FLUSH, LOG_FENCE);
+        }
+        // Rebuild the inner nodes from the leaf list.
+        let mut inner = DramBTree::new(node_size);
+        let mut reachable = BTreeSet::new();
+        let mut leaf = sp.load(ROOT);
+        let mut first = true;
+        while leaf != 0 {
+            reachable.insert(leaf);
+            let bm = load_bm(leaf);
+            let min = (0..g.slots)
+                .filter(|&s| bm[(s / 64) as usize] & (1 << (s % 64)) != 0)
+                .map(|s| sp.load(leaf + g.kv + 16 * s))
+                .min();
+            if first {
+                inner.insert(0, leaf);
+            } else if let Some(k) = min {
+                inner.insert(k, leaf);
+            }
+            first = false;
+            leaf = sp.load(leaf + g.next);
+        }
+        let pool = Pool::recover(space, &reachable)?;
         Ok(FpTree {
             pool,
             node_size,

@@ -52,15 +52,19 @@ macro_rules! single_lock_bench_index {
     };
 }
 
+pub mod cdds;
 pub mod fastfair;
 pub mod fptree;
+pub mod lcb;
 pub mod pool;
 pub mod tree;
 pub mod volatile;
 pub mod wbtree;
 
+pub use cdds::Cdds;
 pub use fastfair::FastFair;
 pub use fptree::FpTree;
+pub use lcb::Lcb;
 pub use tree::TreeEngine;
 pub use volatile::Volatile;
 pub use wbtree::WbTree;

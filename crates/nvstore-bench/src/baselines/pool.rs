@@ -14,11 +14,17 @@
 //! [65536, ...)   chunks: 8-byte chunk header + blocks (64-byte aligned)
 //! ```
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use nvstore::alloc::Allocator;
 use nvstore::pmem::{Point, Space, LINE};
 use nvstore::{Error, Result};
+
+const POOL_FLUSH: Point = Point::new("baseline.pool.flush");
+const POOL_FENCE: Point = Point::new("baseline.pool.fence");
+/// Offset of the pool size word (the allocator's, as in nvstore's header).
+pub const POOL_SIZE: u64 = LINE;
 
 /// Size of an allocation chunk; the first one is the root area.
 pub const CHUNK: u64 = 64 * 1024;
@@ -47,6 +53,16 @@ impl<S: Space> Pool<S> {
             )));
         }
         let alloc = Allocator::fresh(CHUNK, CHUNK, size, "baseline".into());
+        // The pool size word lets recovery walk the chunk headers.
+        space.store(POOL_SIZE, size);
+        space.persist(POOL_SIZE, 8, POOL_FLUSH, POOL_FENCE);
+        Ok(Pool { space, alloc })
+    }
+
+    /// Reopens a pool after a crash: the allocator is rebuilt from the chunk
+    /// headers by reachability (every block not in `reachable` is free).
+    pub fn recover(space: Arc<S>, reachable: &BTreeSet<u64>) -> Result<Pool<S>> {
+        let alloc = Allocator::rebuild(&*space, CHUNK, CHUNK, "baseline".into(), reachable)?;
         Ok(Pool { space, alloc })
     }
 

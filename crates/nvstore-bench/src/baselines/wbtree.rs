@@ -48,9 +48,18 @@
 //! the valid bit; an update whose two bits lie in different words is covered
 //! by an update log record.
 //!
+//! Recovery ([`WbTree::recover`]): a logged two-word update is redone; the
+//! committed split records are redone (the node's bitmap, sibling and slot
+//! array), every node whose slot array is marked invalid has it rebuilt from
+//! the bitmap, the allocator is rebuilt from the reachable nodes, and then,
+//! from the highest record down, each split's separator is inserted into its
+//! parent (a new root grown) unless the parent already holds it; finally the
+//! log is truncated.
+//!
 //! Simplifications: one writer at a time, readers under the same lock; deletes
-//! never merge nodes; no recovery procedure is implemented.
+//! never merge nodes.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -152,6 +161,123 @@ impl<S: Space> WbTree<S> {
         t.pool.store(ROOT, root);
         t.pool.persist(ROOT, 8, ROOT_FLUSH, ROOT_FENCE);
         t.st.lock().root = root;
+        Ok(t)
+    }
+
+    fn geometry(node_size: u64) -> (u64, u64) {
+        let mut m = 255.min(node_size / 16);
+        while m > 2 && SLOTS + align_line(1 + m) + 16 * m > node_size {
+            m -= 1;
+        }
+        (m, SLOTS + align_line(1 + m))
+    }
+
+    /// Rebuilds the slot array of `n` from its bitmap (entries sorted by
+    /// key), persists it, then sets the valid bit.
+    fn rebuild_slots(sp: &S, n: u64, m: u64, kv: u64) {
+        let bm: Vec<u64> = (0..4).map(|w| sp.load(n + 8 * w)).collect();
+        let mut used: Vec<(u64, u64)> = (0..m)
+            .filter(|&s| {
+                let (w, bit) = bit_of(s);
+                bm[w] & bit != 0
+            })
+            .map(|s| (sp.load(n + kv + 16 * s), s))
+            .collect();
+        used.sort_unstable();
+        let mut slots = vec![used.len() as u8];
+        slots.extend(used.iter().map(|&(_, s)| s as u8));
+        sp.write(n + SLOTS, &slots);
+        sp.persist(n + SLOTS, slots.len() as u64, NODE_FLUSH, NODE_FENCE);
+        sp.store(n, bm[0] | 1);
+        sp.persist(n, 8, BITMAP_FLUSH, BITMAP_FENCE);
+    }
+
+    /// Reopens a tree from a crashed image (see the module comment).
+    pub fn recover(space: Arc<S>, node_size: u64) -> Result<WbTree<S>> {
+        let (m, kv) = Self::geometry(node_size);
+        let sp = &*space;
+        // A two-word update: the new entry and slot array were persisted first.
+        let un = sp.load(UPDATE_LOG);
+        if un != 0 {
+            let (old, new) = (sp.load(UPDATE_LOG + 8), sp.load(UPDATE_LOG + 16) - 1);
+            let ((nw, nbit), (ow, obit)) = (bit_of(new), bit_of(old));
+            sp.store(un + 8 * nw as u64, sp.load(un + 8 * nw as u64) | nbit);
+            sp.store(un + 8 * ow as u64, sp.load(un + 8 * ow as u64) & !obit);
+            sp.persist(un, 32, BITMAP_FLUSH, BITMAP_FENCE);
+            sp.store(UPDATE_LOG, 0);
+            sp.persist(UPDATE_LOG, 8, LOG_FLUSH, LOG_FENCE);
+        }
+        // Redo the committed split records.
+        let nrec = sp.load(LOG).min(MAX_LOG_RECORDS);
+        let mut recs = Vec::new();
+        let mut redo = BTreeSet::new();
+        for i in 0..nrec {
+            let r = LOG_RECORDS + LINE * i;
+            let (n, new, sep) = (sp.load(r), sp.load(r + 8), sp.load(r + 16));
+            for w in 0..4 {
+                sp.store(n + 8 * w, sp.load(r + 24 + 8 * w));
+            }
+            if sp.load(n + LEVEL) == 0 {
+                sp.store(n + NEXT, new);
+            }
+            sp.persist(n, LINE, NODE_FLUSH, NODE_FENCE);
+            redo.insert(n);
+            recs.push((n, new, sep));
+        }
+        // Reachable nodes; invalid or redone slot arrays rebuilt.
+        let root = sp.load(ROOT);
+        let mut reachable = BTreeSet::new();
+        let mut stack = vec![root];
+        stack.extend(recs.iter().map(|r| r.1));
+        while let Some(n) = stack.pop() {
+            if !reachable.insert(n) {
+                continue;
+            }
+            if sp.load(n) & 1 == 0 || redo.contains(&n) {
+                Self::rebuild_slots(sp, n, m, kv);
+            }
+            if sp.load(n + LEVEL) != 0 {
+                stack.push(sp.load(n + NEXT));
+                let c = sp.read_u64(n + SLOTS) as u8 as u64;
+                let mut slots = vec![0u8; c as usize];
+                sp.read(n + SLOTS + 1, &mut slots);
+                stack.extend(slots.iter().map(|&s| sp.load(n + kv + 16 * s as u64 + 8)));
+            }
+        }
+        let pool = Pool::recover(space, &reachable)?;
+        let t = WbTree {
+            pool,
+            node_size,
+            m,
+            kv,
+            st: Mutex::new(State {
+                root,
+                splits: 0,
+                log_len: 0,
+            }),
+        };
+        // Link each split's new node into its parent, highest split first.
+        let mut st = t.st.lock();
+        for &(n, new, sep) in recs.iter().rev() {
+            let level = t.level(n);
+            if st.root == n {
+                t.grow_root(&mut st, n, sep, new);
+                continue;
+            }
+            let mut path = vec![st.root];
+            while t.level(*path.last().unwrap()) > level + 1 {
+                let c = t.child(*path.last().unwrap(), sep);
+                path.push(c);
+            }
+            let parent = *path.last().unwrap();
+            if t.child(parent, sep) != new {
+                let d = path.len() - 1;
+                t.insert_at(&mut st, &path, d, sep, new);
+            }
+        }
+        st.log_len = nrec.max(1);
+        t.truncate_log(&mut st);
+        drop(st);
         Ok(t)
     }
 

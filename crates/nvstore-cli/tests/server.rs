@@ -885,3 +885,44 @@ fn startup_errors_are_one_clear_line() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("already open"));
 }
+
+/// YCSB workloads A-F, through the YCSB redis binding's layout (a hash per
+/// record, keys in the `_indices` zset, scans by ZRANGEBYSCORE), run against
+/// `nvstore serve` with `nvstore bench ycsb --target resp://...`: every
+/// operation succeeds and every read finds its record.
+#[test]
+fn ycsb_workloads_run_against_serve() {
+    let (_d, s) = start();
+    for w in ["a", "b", "c", "d", "e", "f"] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_nvstore"))
+            .args([
+                "bench",
+                "ycsb",
+                "--workload",
+                w,
+                "--records",
+                "500",
+                "--ops",
+                "1000",
+                "--threads",
+                "2",
+            ])
+            .args(["--target", &format!("resp://127.0.0.1:{}", s.port), "--json"])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "workload {w}: {}\n{}",
+            text,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_str(text.trim()).unwrap();
+        let ops = v["operations"].as_object().unwrap();
+        let total: u64 = ops.values().map(|o| o["count"].as_u64().unwrap()).sum();
+        assert_eq!(total, 1000, "workload {w}: {text}");
+        for (name, o) in ops {
+            assert_eq!(o["not_found"].as_u64(), Some(0), "workload {w} {name}: {text}");
+        }
+    }
+}

@@ -107,6 +107,8 @@ enum Cmd {
     /// Benchmarks: the papers' experiments against baseline trees (`micro`, `compare`, `ycsb`, `plot`).
     #[command(subcommand)]
     Bench(BenchCmd),
+    /// Serve a pool over the Redis protocol (RESP2/RESP3) until SIGINT, SIGTERM or SHUTDOWN.
+    Serve(nvstore_server::ServeArgs),
 }
 
 #[derive(Subcommand, Debug)]
@@ -322,6 +324,7 @@ fn main() {
         Cmd::Crashtest(a) => crashtest(a),
         Cmd::Demo(a) => demo::run(a),
         Cmd::Bench(b) => bench(b),
+        Cmd::Serve(a) => nvstore_server::serve(a.into_config()).map_err(Fail::error),
     };
     if let Err(f) = r {
         if !f.msg.is_empty() {

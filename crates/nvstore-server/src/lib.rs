@@ -1,0 +1,153 @@
+//! `nvstore serve`: a Redis-protocol server over the nvstore engine
+//! (DESIGN §15).
+//!
+//! - `resp.rs`: RESP2/RESP3 request parser and reply encoder;
+//! - `keys.rs`: how strings, hashes and sorted sets map onto ordered keys;
+//! - `store.rs`: the only module that touches the engine (transactions);
+//! - `cmd/`: the command table and the commands;
+//! - `server.rs`: listener, connections, shutdown.
+//!
+//! `docs/server.md` describes the key layout and what differs from Redis.
+
+#![deny(unsafe_code)]
+
+mod args;
+pub mod cmd;
+pub mod keys;
+pub mod num;
+pub mod resp;
+pub mod server;
+pub mod store;
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, AtomicUsize};
+use std::sync::Arc;
+use std::time::Instant;
+
+pub use args::ServeArgs;
+pub use resp::Limits;
+
+/// What `nvstore serve` was asked to do.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Pool file (created if missing).
+    pub pool: PathBuf,
+    /// Initial size of a new pool.
+    pub size: u64,
+    /// Largest size the pool may grow to.
+    pub max_size: u64,
+    pub bind: String,
+    /// TCP port; 0 picks a free one (the readiness line names it).
+    pub port: u16,
+    /// Threads that run engine calls (and as many reactor threads).
+    pub threads: usize,
+    pub requirepass: Option<String>,
+    pub maxclients: usize,
+    pub limits: Limits,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            pool: PathBuf::from("./nvstore.nvs"),
+            size: 64 << 20,
+            max_size: 1 << 40,
+            bind: "127.0.0.1".into(),
+            port: 6380,
+            threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
+            requirepass: None,
+            maxclients: 10_000,
+            limits: Limits::default(),
+        }
+    }
+}
+
+/// Opens the pool, serves until SIGINT, SIGTERM or SHUTDOWN, then closes
+/// the pool cleanly. Logs to stderr; prints
+/// `nvstore: ready to accept connections on ADDR` once listening.
+pub fn serve(cfg: Config) -> Result<(), String> {
+    if cfg.threads == 0 {
+        return Err("--threads must be at least 1".into());
+    }
+    if cfg.maxclients == 0 {
+        return Err("--maxclients must be at least 1".into());
+    }
+    if !cfg.pool.exists() {
+        let parent = cfg.pool.parent().filter(|p| !p.as_os_str().is_empty());
+        if let Some(dir) = parent.filter(|d| !d.is_dir()) {
+            return Err(format!(
+                "cannot create the pool {}: directory {} does not exist",
+                cfg.pool.display(),
+                dir.display()
+            ));
+        }
+    }
+    let opts = nvstore::Options {
+        size: cfg.size,
+        max_size: cfg.max_size.max(cfg.size),
+        ..Default::default()
+    };
+    let t = Instant::now();
+    let store = Arc::new(store::Store::open(&cfg.pool, opts).map_err(|e| e.to_string())?);
+    let st = store.db().stat();
+    eprintln!(
+        "nvstore: opened {} ({} keys in the tree, recovery {:?} in {:.1} ms, open took {:.1} ms)",
+        cfg.pool.display(),
+        st.keys,
+        st.last_recovery.kind,
+        st.last_recovery.millis,
+        t.elapsed().as_secs_f64() * 1e3
+    );
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(cfg.threads)
+        .max_blocking_threads(cfg.threads)
+        .thread_name("nvstore-serve")
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the runtime: {e}"))?;
+    let result = rt.block_on(async {
+        let listener = tokio::net::TcpListener::bind((cfg.bind.as_str(), cfg.port))
+            .await
+            .map_err(|e| format!("cannot listen on {}:{}: {e}", cfg.bind, cfg.port))?;
+        let addr = listener.local_addr().map_err(|e| e.to_string())?;
+        let (tx, _) = tokio::sync::watch::channel(false);
+        let sh = Arc::new(server::Shared {
+            store: store.clone(),
+            cfg: cfg.clone(),
+            stats: Default::default(),
+            clients: Default::default(),
+            connected: AtomicUsize::new(0),
+            next_id: AtomicU64::new(1),
+            cursors: Default::default(),
+            shutdown: tx,
+            started: Instant::now(),
+            port: addr.port(),
+            run_id: format!("{:040x}", rand_id()),
+        });
+        server::run(sh, listener, || {
+            eprintln!("nvstore: ready to accept connections on {addr}")
+        })
+        .await
+        .map_err(|e| e.to_string())
+    });
+    // Blocking tasks still running finish here; then no one else holds the store.
+    rt.shutdown_timeout(std::time::Duration::from_secs(30));
+    match Arc::try_unwrap(store) {
+        Ok(store) => {
+            store.close().map_err(|e| format!("closing the pool: {e}"))?;
+            eprintln!("nvstore: pool closed cleanly; the next start recovers instantly");
+        }
+        Err(_) => {
+            return Err("an engine call did not finish within 30 s; the pool was not closed cleanly (the next start rebuilds it)".into());
+        }
+    }
+    result
+}
+
+/// A run id for INFO: time and pid mixed, no randomness needed.
+fn rand_id() -> u128 {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    t ^ ((std::process::id() as u128) << 64)
+}

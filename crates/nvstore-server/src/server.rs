@@ -167,6 +167,31 @@ pub async fn run(sh: Arc<Shared>, listener: TcpListener, ready: impl FnOnce()) -
     Ok(())
 }
 
+/// Runs parsed requests in order (consecutive groupable writes as one group
+/// commit) until they are done, the connection closes, or the replies are
+/// large; returns the connection state, the replies and what is left.
+fn run_batch(sh: &Arc<Shared>, mut c: Conn, mut todo: VecDeque<Vec<Bytes>>) -> (Conn, BytesMut, VecDeque<Vec<Bytes>>) {
+    let mut out = BytesMut::new();
+    while let Some(args) = todo.pop_front() {
+        if cmd::groupable(&c, &args) {
+            let mut group = vec![args];
+            while group.len() < cmd::MAX_GROUP && todo.front().is_some_and(|a| cmd::groupable(&c, a)) {
+                group.push(todo.pop_front().unwrap());
+            }
+            for r in cmd::execute_group(sh, &mut c, &group) {
+                r.encode(c.proto, &mut out);
+            }
+        } else {
+            let r = cmd::execute(sh, &mut c, args);
+            r.encode(c.proto, &mut out);
+        }
+        if c.close || out.len() >= MAX_BATCH_REPLY {
+            break;
+        }
+    }
+    (c, out, todo)
+}
+
 async fn connection(sh: &Arc<Shared>, mut sock: TcpStream, id: u64) -> std::io::Result<()> {
     sock.set_nodelay(true)?;
     let mut stop = sh.shutdown.subscribe();
@@ -192,31 +217,21 @@ async fn connection(sh: &Arc<Shared>, mut sock: TcpStream, id: u64) -> std::io::
         if !batch.is_empty() {
             let c = conn.take().expect("connection state is back after each batch");
             let sh2 = sh.clone();
-            let mut todo = std::mem::take(&mut batch);
-            let (c, out, rest) = tokio::task::spawn_blocking(move || {
-                let mut c = c;
-                let mut out = BytesMut::new();
-                while let Some(args) = todo.pop_front() {
-                    if cmd::groupable(&c, &args) {
-                        let mut group = vec![args];
-                        while group.len() < cmd::MAX_GROUP && todo.front().is_some_and(|a| cmd::groupable(&c, a)) {
-                            group.push(todo.pop_front().unwrap());
-                        }
-                        for r in cmd::execute_group(&sh2, &mut c, &group) {
-                            r.encode(c.proto, &mut out);
-                        }
-                    } else {
-                        let r = cmd::execute(&sh2, &mut c, args);
-                        r.encode(c.proto, &mut out);
-                    }
-                    if c.close || out.len() >= MAX_BATCH_REPLY {
-                        break;
-                    }
-                }
-                (c, out, todo)
-            })
-            .await
-            .map_err(std::io::Error::other)?;
+            let todo = std::mem::take(&mut batch);
+            // Engine calls are short and never wait for I/O (the pool is
+            // memory; a write's flush and fence take well under a
+            // microsecond), so a batch runs on this worker thread, as Redis
+            // runs commands on its event loop. Commands that walk the whole
+            // key space go to the blocking pool so they cannot stall the
+            // other connections of this worker.
+            let slow = todo.iter().any(|a| cmd::walks_keyspace(a));
+            let (c, out, rest) = if slow {
+                tokio::task::spawn_blocking(move || run_batch(&sh2, c, todo))
+                    .await
+                    .map_err(std::io::Error::other)?
+            } else {
+                run_batch(&sh2, c, todo)
+            };
             batch = rest;
             sh.stats.net_out.fetch_add(out.len() as u64, Ordering::Relaxed);
             sock.write_all(&out).await?;

@@ -310,6 +310,17 @@ pub fn groupable(c: &Conn, args: &[Bytes]) -> bool {
         })
 }
 
+/// Whether a request may walk the whole key space (or close the pool), so
+/// the server runs it on the blocking pool rather than a reactor thread.
+pub fn walks_keyspace(args: &[Bytes]) -> bool {
+    lookup(&args[0]).is_some_and(|s| {
+        matches!(
+            s.name,
+            "keys" | "scan" | "dbsize" | "info" | "flushdb" | "flushall" | "shutdown" | "exec" | "debug"
+        )
+    })
+}
+
 /// Group commit: consecutive pipelined write commands of one connection run
 /// in one transaction, in order, and their replies are released together
 /// after the one commit returned (so after all of them are durable). Each

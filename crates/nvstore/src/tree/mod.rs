@@ -520,6 +520,65 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
         })
     }
 
+    /// One leaf's part of a commit: checks its keys for conflicts and lists,
+    /// per written key, the live element it replaces (if any).
+    fn plan_leaf(
+        &self,
+        leaf: &LeafRef,
+        n: u64,
+        ks: &[usize],
+        keys: &[(&[u8], Role)],
+        values: &[&Option<Vec<u8>>],
+        start: u64,
+    ) -> LeafPlan {
+        let mut p = LeafPlan::default();
+        for &i in ks {
+            let (k, role) = &keys[i];
+            let newest = L::newest(&*self.space, leaf.off, n, k, u64::MAX);
+            let limit = match role {
+                Role::Write(_) => start,
+                Role::Watch(since) => *since,
+            };
+            if newest.is_some_and(|e| e.version > limit) {
+                p.conflict = true;
+            }
+            let Role::Write(w) = role else { continue };
+            let old = newest
+                .filter(|e| !e.negative)
+                .map(|e| L::element(&*self.space, leaf.off, e.index));
+            let k_need = values[*w].is_some() as u64 + old.is_some() as u64;
+            p.delta += values[*w].is_some() as i64 - old.is_some() as i64;
+            if k_need > 0 {
+                p.needy.push(k.to_vec());
+            }
+            p.need += k_need;
+            p.plan.push((*w, old.map(|o| o.words)));
+        }
+        p
+    }
+
+    /// The elements a leaf's plan appends, stamped with `ts`.
+    fn elements(
+        &self,
+        plan: &[(usize, Option<[u64; 4]>)],
+        wkeys: &[&Vec<u8>],
+        values: &[&Option<Vec<u8>>],
+        blobs: &[u64],
+        ts: u64,
+        txn: bool,
+    ) -> Vec<[u64; 4]> {
+        let mut elems = Vec::with_capacity(plan.len() * 2);
+        for (i, old) in plan {
+            if let Some(o) = old {
+                elems.push(leaf::negate(*o, ts, txn));
+            }
+            if let Some(v) = values[*i] {
+                elems.push(leaf::encode(wkeys[*i], v, blobs[*i], ts, txn));
+            }
+        }
+        elems
+    }
+
     /// Commits a transaction's buffered writes (`None`: delete) atomically,
     /// durable when it returns: first-committer-wins against every write
     /// newer than `start` to a written key, and against every write newer
@@ -568,10 +627,6 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
         }
         // Every key the commit looks at, in key order: written ones carry
         // their index in `writes`, watched ones their `since`.
-        enum Role {
-            Write(usize),
-            Watch(u64),
-        }
         let mut keys: Vec<(&[u8], Role)> = writes
             .keys()
             .enumerate()
@@ -581,6 +636,51 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
         keys.sort_by(|a, b| a.0.cmp(b.0));
         let values: Vec<&Option<Vec<u8>>> = writes.values().collect();
         let wkeys: Vec<&Vec<u8>> = writes.keys().collect();
+
+        if keys.is_empty() {
+            return Ok(self.clock.visible());
+        }
+
+        // Fast path: every key in one leaf with room for the elements. The
+        // leaf lock alone orders this commit against every other writer of
+        // its keys (plain writes and commits lock it too) and one count
+        // store publishes it: no commit lock, no structure lock.
+        {
+            let _guard = epoch::pin();
+            let idx = self.index.load();
+            let leaf = idx.find(keys[0].0).leaf;
+            // Keys are sorted: if the first and last route to one leaf, all do.
+            if Arc::ptr_eq(&leaf, &idx.find(keys[keys.len() - 1].0).leaf) {
+                drop(idx);
+                let lk = leaf.lock.lock();
+                let n = leaf.durable.load(Ordering::Relaxed);
+                let all: Vec<usize> = (0..keys.len()).collect();
+                let p = self.plan_leaf(&leaf, n, &all, &keys, &values, start);
+                if !leaf.dead.load(Ordering::Acquire) {
+                    if p.conflict {
+                        drop(lk);
+                        free_blobs(&blobs);
+                        self.stats.conflicts.fetch_add(1, Ordering::Relaxed);
+                        return Err(Error::Conflict);
+                    }
+                    if n + p.need <= L::capacity(leaf.size) {
+                        let w = self.clock.begin_write();
+                        let elems = self.elements(&p.plan, &wkeys, &values, &blobs, w.ts, false);
+                        if !elems.is_empty() {
+                            L::append(&*self.space, leaf.off, n, &elems);
+                        }
+                        leaf.durable.store(n + elems.len() as u64, Ordering::Release);
+                        self.keys.fetch_add(p.delta, Ordering::Relaxed);
+                        let ts = w.ts;
+                        drop(w);
+                        drop(lk);
+                        self.stats.commits.fetch_add(1, Ordering::Relaxed);
+                        self.space.op_boundary();
+                        return Ok(ts);
+                    }
+                }
+            }
+        }
 
         let _commit = self.commit_lock.lock();
         let structure = self.structure.lock();
@@ -604,36 +704,15 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
             let mut delta = 0i64;
             for (leaf, ks) in &groups {
                 let n = leaf.durable.load(Ordering::Relaxed);
-                let mut plan = Vec::new();
-                let mut need = 0;
-                let mut needy: Vec<&[u8]> = Vec::new();
-                for &i in ks {
-                    let (k, role) = &keys[i];
-                    let newest = L::newest(&*self.space, leaf.off, n, k, u64::MAX);
-                    let limit = match role {
-                        Role::Write(_) => start,
-                        Role::Watch(since) => *since,
-                    };
-                    if newest.is_some_and(|e| e.version > limit) {
-                        conflict = true;
-                    }
-                    let Role::Write(w) = role else { continue };
-                    let old = newest
-                        .filter(|e| !e.negative)
-                        .map(|e| L::element(&*self.space, leaf.off, e.index));
-                    let k_need = match (values[*w], &old) {
-                        (Some(_), Some(_)) => 2,
-                        (Some(_), None) => 1,
-                        (None, Some(_)) => 1,
-                        (None, None) => 0,
-                    };
-                    delta += values[*w].is_some() as i64 - old.is_some() as i64;
-                    if k_need > 0 {
-                        needy.push(k);
-                    }
-                    need += k_need;
-                    plan.push((*w, old.map(|o| o.words)));
-                }
+                let LeafPlan {
+                    plan,
+                    need,
+                    needy,
+                    conflict: c,
+                    delta: d,
+                } = self.plan_leaf(leaf, n, ks, &keys, &values, start);
+                conflict |= c;
+                delta += d;
                 if n + need > L::capacity(leaf.size) && room.is_none() {
                     let cut = (need > L::capacity(leaf.size) / 2 && needy.len() > 1)
                         .then(|| needy[needy.len() / 2 - 1].to_vec());
@@ -667,16 +746,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
             let mut counts = Vec::with_capacity(groups.len());
             for ((leaf, _), plan) in groups.iter().zip(&plans) {
                 let n = leaf.durable.load(Ordering::Relaxed);
-                let mut elems = Vec::new();
-                for (i, old) in plan {
-                    let (k, v) = (wkeys[*i], values[*i]);
-                    if let Some(o) = old {
-                        elems.push(leaf::negate(*o, w.ts, multi));
-                    }
-                    if let Some(v) = v {
-                        elems.push(leaf::encode(k, v, blobs[*i], w.ts, multi));
-                    }
-                }
+                let elems = self.elements(plan, &wkeys, &values, &blobs, w.ts, multi);
                 if !elems.is_empty() {
                     L::append(&*self.space, leaf.off, n, &elems);
                 }
@@ -742,6 +812,27 @@ pub(crate) fn check_sizes(key: &[u8], value: &[u8]) -> Result<()> {
         });
     }
     Ok(())
+}
+
+/// What a commit does with one key: write it (index into the writes) or
+/// only check it has no commit newer than `since` (a watch).
+enum Role {
+    Write(usize),
+    Watch(u64),
+}
+
+/// One leaf's part of a commit ([`Tree::plan_leaf`]).
+#[derive(Default)]
+struct LeafPlan {
+    /// Per written key: its index and the words of the live element it replaces.
+    plan: Vec<(usize, Option<[u64; 4]>)>,
+    /// Elements to append.
+    need: u64,
+    /// Written keys that append something, in key order.
+    needy: Vec<Vec<u8>>,
+    conflict: bool,
+    /// Change in the number of live keys.
+    delta: i64,
 }
 
 /// A registered snapshot: while it lives, rewrites keep the versions it reads.

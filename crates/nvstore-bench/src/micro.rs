@@ -102,17 +102,7 @@ pub fn parse_count(s: &str) -> std::result::Result<u64, String> {
     Ok((v * mul as f64).round() as u64)
 }
 
-/// Parses a byte size with an optional K/M suffix (powers of two): `4096`, `4K`.
-pub fn parse_size(s: &str) -> std::result::Result<u64, String> {
-    let t = s.trim().trim_end_matches(['b', 'B']);
-    let (num, mul) = match t.chars().last() {
-        Some('k' | 'K') => (&t[..t.len() - 1], 1u64 << 10),
-        Some('m' | 'M') => (&t[..t.len() - 1], 1u64 << 20),
-        _ => (t, 1),
-    };
-    let v: u64 = num.parse().map_err(|_| format!("'{s}' is not a size (e.g. 512, 4K)"))?;
-    Ok(v * mul)
-}
+pub use nvstore::units::parse_size;
 
 /// `nvstore bench micro` flags.
 #[derive(clap::Args, Clone, Debug)]

@@ -8,7 +8,7 @@
 
 mod demo;
 mod escape;
-mod units;
+use nvstore::units;
 
 use std::ffi::OsString;
 use std::fs::File;

@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 
 use crate::{Config, Limits};
+use nvstore::units::parse_size;
 
 /// `nvstore serve`: see the README's "Server" section and docs/server.md.
 #[derive(clap::Args, Debug, Clone)]
@@ -56,30 +57,15 @@ impl ServeArgs {
     }
 }
 
-/// `123`, `64KiB`, `512MiB`, `1GiB`, `2TiB` (also `K`/`M`/`G`/`T`, `KB`...).
-pub fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let n: u64 = num.parse().map_err(|_| format!("'{s}' is not a size (e.g. 64MiB)"))?;
-    let shift = match unit.to_ascii_lowercase().as_str() {
-        "" | "b" => 0,
-        "k" | "kb" | "kib" => 10,
-        "m" | "mb" | "mib" => 20,
-        "g" | "gb" | "gib" => 30,
-        "t" | "tb" | "tib" => 40,
-        _ => return Err(format!("'{s}': unknown size unit '{unit}' (use KiB, MiB, GiB or TiB)")),
-    };
-    n.checked_mul(1 << shift).ok_or_else(|| format!("'{s}' is too large"))
-}
-
 #[cfg(test)]
 mod tests {
+    use nvstore::units::parse_size;
+
     #[test]
     fn sizes() {
-        assert_eq!(super::parse_size("512MiB"), Ok(512 << 20));
-        assert_eq!(super::parse_size("7"), Ok(7));
-        assert!(super::parse_size("1XB").is_err());
-        assert!(super::parse_size("").is_err());
+        assert_eq!(parse_size("512MiB"), Ok(512 << 20));
+        assert_eq!(parse_size("7"), Ok(7));
+        assert!(parse_size("1XB").is_err());
+        assert!(parse_size("").is_err());
     }
 }

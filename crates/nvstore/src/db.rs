@@ -299,12 +299,7 @@ impl<S: Space> Db<S> {
 
     /// The value stored for `key`.
     pub fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
-        if key.len() > crate::tree::MAX_KEY {
-            return Err(Error::KeyTooLarge {
-                len: key.len(),
-                limit: crate::tree::MAX_KEY,
-            });
-        }
+        crate::tree::check_key(key)?;
         Ok(self.tree.get(key))
     }
 

@@ -33,6 +33,7 @@ pub mod pmem;
 pub mod recovery;
 pub mod tree;
 pub mod txn;
+pub mod units;
 
 /// The README's examples compile and run as doc tests.
 #[cfg(doctest)]

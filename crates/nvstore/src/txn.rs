@@ -27,7 +27,7 @@ use crate::db::{owned, prefix_bounds, Db};
 use crate::error::{Error, Result};
 use crate::pmem::Space;
 use crate::tree::leaf::Nv;
-use crate::tree::{in_range, RangeIter, SnapshotPin, MAX_KEY};
+use crate::tree::{check_key, in_range, RangeIter, SnapshotPin};
 
 /// A stable read view of the store.
 pub struct Snapshot<'a, S: Space> {
@@ -85,16 +85,6 @@ impl<'a, S: Space> Snapshot<'a, S> {
         let (lo, hi) = prefix_bounds(prefix);
         self.db.tree().range_at(lo, hi, true, Some(self.pin.clone()))
     }
-}
-
-fn check_key(key: &[u8]) -> Result<()> {
-    if key.len() > MAX_KEY {
-        return Err(Error::KeyTooLarge {
-            len: key.len(),
-            limit: MAX_KEY,
-        });
-    }
-    Ok(())
 }
 
 /// A snapshot-isolation transaction. Dropping it without [`Txn::commit`]

@@ -236,12 +236,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
 
     /// Deletes; returns whether the key existed. Durable when it returns.
     pub fn delete(&self, key: &[u8]) -> Result<bool> {
-        if key.len() > MAX_KEY {
-            return Err(Error::KeyTooLarge {
-                len: key.len(),
-                limit: MAX_KEY,
-            });
-        }
+        check_key(key)?;
         loop {
             let guard = epoch::pin();
             let f = self.index.load().find(key);
@@ -798,13 +793,19 @@ fn split_point(valid: &[Slot]) -> Option<usize> {
     })
 }
 
-pub(crate) fn check_sizes(key: &[u8], value: &[u8]) -> Result<()> {
+/// `KeyTooLarge` for a key beyond [`MAX_KEY`].
+pub(crate) fn check_key(key: &[u8]) -> Result<()> {
     if key.len() > MAX_KEY {
         return Err(Error::KeyTooLarge {
             len: key.len(),
             limit: MAX_KEY,
         });
     }
+    Ok(())
+}
+
+pub(crate) fn check_sizes(key: &[u8], value: &[u8]) -> Result<()> {
+    check_key(key)?;
     if value.len() > MAX_VALUE {
         return Err(Error::ValueTooLarge {
             len: value.len(),

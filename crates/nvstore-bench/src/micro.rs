@@ -756,16 +756,29 @@ pub fn run_compare(args: &CompareArgs) -> Result<Vec<CompareResult>> {
         seed: args.seed,
         scan_len: args.scan_len,
     };
+    // The tree runs once per leaf format; the rest have one layout each.
+    let engines: Vec<(&str, LeafFormat)> = engines
+        .iter()
+        .flat_map(|&e| match e {
+            "tree" => vec![("tree", LeafFormat::Nv), ("tree", LeafFormat::Isle)],
+            _ => vec![(e, LeafFormat::Nv)],
+        })
+        .collect();
     // runs[engine][rep]; repetition `rep` starts with engine `rep % engines`.
     let mut runs: Vec<Vec<MicroResult>> = vec![Vec::with_capacity(reps); engines.len()];
     for rep in 0..reps {
         for j in 0..engines.len() {
             let e = (j + rep) % engines.len();
-            let r = run_with(|| open_engine(engines[e], &cfg), &w, &cfg)?;
+            let (name, leaf) = engines[e];
+            let cfg = EngineConfig { leaf, ..cfg.clone() };
+            let r = run_with(|| open_engine(name, &cfg), &w, &cfg)?;
             runs[e].push(r);
         }
     }
-    let tree_i = engines.iter().position(|&e| e == "tree").expect("tree is included");
+    let tree_i = engines
+        .iter()
+        .position(|&e| e == ("tree", LeafFormat::Nv))
+        .expect("tree is included");
     let tree_ops: Vec<f64> = runs[tree_i].iter().map(|r| r.ops_per_sec).collect();
     Ok(engines
         .iter()

@@ -182,9 +182,13 @@ struct ScanArgs {
 
 #[derive(Args, Debug)]
 struct CrashtestArgs {
-    /// Leaf format to test (only nv for now).
+    /// Leaf format to test: nv or isle.
     #[arg(long, default_value = "nv")]
     leaf: String,
+    /// Leaf node size in bytes (default: 256 for nv, 640 for isle, whose
+    /// line codes then span two header words).
+    #[arg(long, value_parser = units::parse_size)]
+    node_size: Option<u64>,
     /// Operations in the campaign.
     #[arg(long, default_value_t = nvstore::crashtest::Config::default().ops)]
     ops: u64,
@@ -701,8 +705,12 @@ fn crashtest(a: CrashtestArgs) -> CmdResult {
         }
         return io::stdout().write_all(s.as_bytes()).map_err(out_err);
     }
-    if a.leaf != "nv" {
-        return Err(Fail::error(format!("leaf format {} is not supported yet", a.leaf)));
+    let leaf: nvstore::LeafFormat = a.leaf.parse().map_err(Fail::error)?;
+    if a.txn && leaf != nvstore::LeafFormat::Nv {
+        return Err(Fail::error(format!(
+            "--txn needs --leaf nv: {} leaves keep no versions, so they take no transactions",
+            a.leaf
+        )));
     }
     if let Some(d) = &a.drop {
         if !points.contains(&d.as_str()) {
@@ -720,7 +728,11 @@ fn crashtest(a: CrashtestArgs) -> CmdResult {
         threads: a.threads,
         drop: a.drop.clone(),
         txn: a.txn,
-        ..crashtest::Config::default()
+        node_size: match a.node_size {
+            Some(n) => u32::try_from(n).map_err(|_| Fail::error(format!("node size {n} is too large")))?,
+            None => crashtest::Config::default_node_size(leaf),
+        },
+        ..crashtest::Config::for_leaf(leaf)
     };
     let r = crashtest::run(&cfg);
     let text = if a.json {

@@ -58,11 +58,13 @@ pub struct Store {
 }
 
 impl Store {
-    /// Opens (creating if missing) the pool; recovery runs inside.
+    /// Opens (creating if missing) the pool; recovery runs inside. The
+    /// pool must keep versions (nv leaves): every command runs on
+    /// snapshots and transactions.
     pub fn open(path: &Path, opts: Options) -> Result<Store> {
-        Ok(Store {
-            db: Db::open(path, opts)?,
-        })
+        let db = Db::open(path, opts)?;
+        db.nv_tree()?;
+        Ok(Store { db })
     }
 
     /// The engine, for statistics.
@@ -76,11 +78,11 @@ impl Store {
     }
 
     pub fn snapshot(&self) -> Snapshot<'_> {
-        self.db.snapshot()
+        self.db.snapshot().expect("an nv pool, checked at open")
     }
 
     pub fn begin(&self) -> Txn<'_> {
-        self.db.begin()
+        self.db.begin().expect("an nv pool, checked at open")
     }
 
     /// Runs `f` in a transaction and commits it, retrying on conflict.

@@ -17,15 +17,13 @@
 //!    the clock, and no element of a transaction without a commit record is
 //!    published (a read-only open reads below them instead).
 
-use std::collections::{BTreeSet, HashMap};
-use std::sync::atomic::Ordering;
+use std::collections::BTreeSet;
 
 use crate::format::header::{self, Header};
-use crate::format::leaf_nv::Meta;
 use crate::pmem::Space;
 use crate::recovery;
 use crate::tree::index::Bound;
-use crate::tree::leaf::LeafFormat;
+use crate::tree::leaf::{AuditCtx, LeafFormat};
 use crate::tree::Tree;
 
 /// What `check` found.
@@ -79,90 +77,19 @@ pub fn check<S: Space, L: LeafFormat>(tree: &Tree<S, L>, h: &Header) -> CheckRep
             problems.push(format!("leaf {off}: invalid size {size}"));
             continue;
         }
-        let persistent = L::count(s, off);
-        if persistent > L::capacity(size) {
-            problems.push(format!(
-                "leaf {off}: count {persistent} exceeds capacity {}",
-                L::capacity(size)
-            ));
-            continue;
-        }
-        let n = e.leaf.durable.load(Ordering::Acquire);
-        // A read-only open cannot undo an uncommitted transaction's
-        // elements; it only stops reading before them.
-        let undone = !s.writable()
-            && n < persistent
-            && (n..persistent).all(|i| {
-                let m = Meta::decode(s.read_u64(crate::format::leaf_nv::elem(off, i) + crate::format::leaf_nv::E_META));
-                m.is_some_and(|m| m.txn && m.version > committed)
-            });
-        if n != persistent && !undone {
-            problems.push(format!(
-                "leaf {off}: durable count {n} differs from persistent count {persistent}"
-            ));
-        }
-        let mut newest: HashMap<Vec<u8>, bool> = HashMap::new();
-        let mut versions: HashMap<Vec<u8>, u64> = HashMap::new();
-        for i in 0..n {
-            let el = {
-                let meta_w = s.read_u64(crate::format::leaf_nv::elem(off, i) + crate::format::leaf_nv::E_META);
-                if Meta::decode(meta_w).is_none() {
-                    problems.push(format!("leaf {off} element {i}: invalid metadata {meta_w:#x}"));
-                    continue;
-                }
-                let words = [
-                    s.read_u64(crate::format::leaf_nv::elem(off, i)),
-                    s.read_u64(crate::format::leaf_nv::elem(off, i) + 8),
-                    s.read_u64(crate::format::leaf_nv::elem(off, i) + 16),
-                    meta_w,
-                ];
-                if let Err(w) = recovery::leaf_blob_ok(s, &words, pool) {
-                    problems.push(format!("leaf {off} element {i}: {w}"));
-                    continue;
-                }
-                L::element(s, off, i)
-            };
-            r.elements += 1;
-            if el.blob() != 0 {
-                reachable.insert(el.blob());
-            }
-            if prev.covers(&el.key) || !e.max.covers(&el.key) {
-                problems.push(format!(
-                    "leaf {off} element {i}: key {} outside the leaf's bounds",
-                    show(&el.key)
-                ));
-            }
-            let meta = el.meta();
-            if meta.txn && meta.version > committed {
-                problems.push(format!(
-                    "leaf {off} element {i}: part of transaction {} that has no commit record",
-                    meta.version
-                ));
-            }
-            if meta.version > last_ts {
-                problems.push(format!(
-                    "leaf {off} element {i}: version {} is newer than the clock ({last_ts})",
-                    meta.version
-                ));
-            }
-            if versions
-                .insert(el.key.clone(), meta.version)
-                .is_some_and(|v| v > meta.version)
-            {
-                problems.push(format!(
-                    "leaf {off} element {i}: versions of key {} go backwards",
-                    show(&el.key)
-                ));
-            }
-            let neg = el.negative();
-            if neg && newest.get(&el.key) != Some(&true) {
-                problems.push(format!(
-                    "leaf {off} element {i}: NEGATIVE element without a live positive one"
-                ));
-            }
-            newest.insert(el.key, !neg);
-        }
-        keys += newest.values().filter(|v| **v).count() as u64;
+        let low = prev.clone();
+        let in_bounds = |k: &[u8]| !low.covers(k) && e.max.covers(k);
+        let ctx = AuditCtx {
+            pool,
+            committed,
+            last_ts,
+            in_bounds: &in_bounds,
+        };
+        let a = L::audit(s, &e.leaf, &ctx);
+        r.elements += a.elements;
+        reachable.extend(a.blobs);
+        keys += a.live;
+        problems.extend(a.problems);
         prev = e.max.clone();
     }
     r.keys = keys;
@@ -176,8 +103,4 @@ pub fn check<S: Space, L: LeafFormat>(tree: &Tree<S, L>, h: &Header) -> CheckRep
     r.ok = problems.is_empty();
     r.problems = problems;
     r
-}
-
-fn show(k: &[u8]) -> String {
-    String::from_utf8_lossy(k).into_owned()
 }

@@ -135,6 +135,45 @@ pub struct Config {
     pub txn: bool,
 }
 
+impl Config {
+    /// Node size a campaign uses unless told: small, so splits and merges
+    /// are frequent; for isle large enough that line codes span two header
+    /// words (pairs then move between words).
+    pub fn default_node_size(leaf: LeafFormat) -> u32 {
+        match leaf {
+            LeafFormat::Nv => 256,
+            LeafFormat::Isle => 640,
+        }
+    }
+
+    /// The default campaign for pools of `leaf`. Isle leaves hold four
+    /// times the pairs of nv ones per line and deletes free room at once,
+    /// so its campaign spreads over more keys to keep splits and merges
+    /// as frequent.
+    pub fn for_leaf(leaf: LeafFormat) -> Config {
+        let d = Config::default();
+        Config {
+            leaf,
+            node_size: Config::default_node_size(leaf),
+            keys: match leaf {
+                LeafFormat::Nv => d.keys,
+                LeafFormat::Isle => 300,
+            },
+            // A general pair is four words in one line: more torn and
+            // subset samples per capture reach more of its states.
+            torn: match leaf {
+                LeafFormat::Nv => d.torn,
+                LeafFormat::Isle => 24,
+            },
+            random_subsets: match leaf {
+                LeafFormat::Nv => d.random_subsets,
+                LeafFormat::Isle => 24,
+            },
+            ..d
+        }
+    }
+}
+
 impl Default for Config {
     fn default() -> Self {
         Config {
@@ -211,11 +250,46 @@ pub struct Report {
     /// recovered pools.
     pub drop_hits: u64,
     pub work: WorkStats,
+    /// Isle pools: recoveries that repaired a leaf, by kind.
+    pub isle_repairs: IsleRepairs,
+}
+
+/// Crash states of isle leaves that recovery repairs (counted over the
+/// campaign's recoveries).
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct IsleRepairs {
+    /// A split in place was cut short after its link: the old leaf's codes
+    /// still named the pairs it moved on.
+    pub stale_dropped: u64,
+    /// An update that moved a pair between code words was cut short: the
+    /// key was live twice.
+    pub duplicates_dropped: u64,
 }
 
 /// Names of every persistence point (`nvstore crashtest --list-points`).
 pub fn list_points() -> Vec<&'static str> {
     points::ALL.iter().map(|p| p.name).collect()
+}
+
+/// The points a pool of leaf format `leaf` uses (an isle pool never
+/// appends nv elements nor runs transactions; an nv pool never touches isle
+/// lines).
+pub fn points_for(leaf: LeafFormat) -> Vec<&'static str> {
+    list_points()
+        .into_iter()
+        .filter(|p| match leaf {
+            LeafFormat::Nv => !p.starts_with("isle."),
+            LeafFormat::Isle => !(p.starts_with("nv.element.") || p.starts_with("nv.count.") || p.starts_with("txn.")),
+        })
+        .collect()
+}
+
+fn isle_repairs_now() -> (u64, u64) {
+    use crate::tree::isle::{DUPLICATES_DROPPED, STALE_DROPPED};
+    (
+        STALE_DROPPED.load(Ordering::Relaxed),
+        DUPLICATES_DROPPED.load(Ordering::Relaxed),
+    )
 }
 
 /// Runs a campaign.
@@ -225,6 +299,7 @@ pub fn run(cfg: &Config) -> Report {
     QUIET.fetch_add(1, Ordering::SeqCst);
     campaign_thread(true);
     let t = Instant::now();
+    let repairs0 = isle_repairs_now();
     let shared = Shared::default();
     let env = Env {
         cfg,
@@ -281,6 +356,11 @@ pub fn run(cfg: &Config) -> Report {
     }
     r.sampled = done.sampled;
     r.drop_hits += done.drop_hits;
+    let repairs1 = isle_repairs_now();
+    r.isle_repairs = IsleRepairs {
+        stale_dropped: repairs1.0 - repairs0.0,
+        duplicates_dropped: repairs1.1 - repairs0.1,
+    };
     let mut points = c.points;
     points.extend(done.points);
     r.points_covered = points.iter().map(|p| p.to_string()).collect();
@@ -324,6 +404,7 @@ fn split_race(cfg: &Config) -> (u64, Vec<String>) {
     let opts = crate::db::Options {
         node_size: 256,
         size: 1 << 20,
+        leaf: cfg.leaf,
         ..crate::db::Options::default()
     };
     let db = match Db::create_in(sim, Path::new("split-race"), &opts) {
@@ -339,7 +420,7 @@ fn split_race(cfg: &Config) -> (u64, Vec<String>) {
     }
     let image: Arc<StdMutex<Option<Vec<u8>>>> = Arc::default();
     let (db2, img2) = (Arc::clone(&db), Arc::clone(&image));
-    db.tree().set_split_hook(Some(Arc::new(move || {
+    db.set_split_hook(Some(Arc::new(move || {
         let mut slot = img2.lock().unwrap();
         if slot.is_some() {
             return;
@@ -352,7 +433,7 @@ fn split_race(cfg: &Config) -> (u64, Vec<String>) {
         }
     })));
     let split_put = db.put(&key(7), b"v");
-    db.tree().set_split_hook(None);
+    db.set_split_hook(None);
     let taken = image.lock().unwrap().take();
     let mut problems = Vec::new();
     if let Err(e) = split_put {
@@ -725,6 +806,9 @@ struct Gen {
     keys_per_thread: u32,
     /// Make one op in four a write batch or transaction.
     txn: bool,
+    /// Isle pools: make 8-byte values common, so compact pairs and their
+    /// in-place updates are exercised as much as general ones.
+    compact_values: bool,
     /// Per writer: the sliding window of keys `[lo, hi)` (see [`window_key`]).
     window: [(u64, u64); 2],
 }
@@ -743,7 +827,9 @@ impl Gen {
     /// 128, 192 and 256 bytes (the last shared with the 256-byte leaves).
     fn value(&mut self, g: u64) -> Val {
         let r = self.rng.gen_range(0..1000);
-        let len = if r < 550 {
+        let len = if self.compact_values && r < 400 {
+            8
+        } else if r < 550 {
             self.rng.gen_range(0..=8)
         } else if r < 800 {
             self.rng.gen_range(9..=40)
@@ -1275,6 +1361,7 @@ impl<'c> Campaign<'c> {
                 rng: StdRng::seed_from_u64(cfg.seed),
                 keys_per_thread: keys_per_thread(cfg),
                 txn: cfg.txn,
+                compact_values: cfg.leaf == LeafFormat::Isle,
                 window: [(0, 0); 2],
             },
             check_rng: StdRng::seed_from_u64(cfg.seed ^ 0xC0FF_EE00_D15E_A5E5),
@@ -1334,13 +1421,15 @@ impl<'c> Campaign<'c> {
 
     /// Counts main-line engine statistics and points before a Db goes away.
     fn harvest(&mut self, db: &Db<Probe>) {
-        let st = &db.tree().stats;
+        let st = db.tree_stats();
         let w = &mut self.report.work;
         w.splits += st.splits.load(Ordering::Relaxed);
         w.replaces += st.replaces.load(Ordering::Relaxed);
         w.merges += st.merges.load(Ordering::Relaxed);
         w.rebuilds += st.rebuilds.load(Ordering::Relaxed);
-        w.max_leaves = w.max_leaves.max(db.tree().index.load().leaf_count() as u64);
+        w.max_leaves = w
+            .max_leaves
+            .max(db.index_leaves().iter().filter(|l| l.0 != 0).count() as u64);
     }
 
     /// Statistics and points of a main-line Db about to go away.
@@ -1807,15 +1896,12 @@ fn verify(env: &Env, db: &Db<Probe>, allowed: &Allowed, job: &CheckJob, out: &mu
             }
             // The same leaves with the same counts, the same key count and
             // allocator usage (cheaper than a second full check).
-            if db2.tree().leaf_offsets() != db.tree().leaf_offsets()
-                || db2.len() != db.len()
-                || db2.used_bytes() != db.used_bytes()
-            {
+            if db2.leaf_offsets() != db.leaf_offsets() || db2.len() != db.len() || db2.used_bytes() != db.used_bytes() {
                 problems.push(format!(
                     "second recovery differs from the first in structure: {} vs {} leaves, {} vs {} keys, \
                      {} vs {} bytes used",
-                    db2.tree().leaf_offsets().len(),
-                    db.tree().leaf_offsets().len(),
+                    db2.leaf_offsets().len(),
+                    db.leaf_offsets().len(),
                     db2.len(),
                     db.len(),
                     db2.used_bytes(),
@@ -1840,6 +1926,7 @@ fn verify(env: &Env, db: &Db<Probe>, allowed: &Allowed, job: &CheckJob, out: &mu
                 rng: StdRng::seed_from_u64(rng.gen()),
                 keys_per_thread: env.keys_per_thread,
                 txn: env.cfg.txn,
+                compact_values: env.cfg.leaf == LeafFormat::Isle,
                 window: [(0, 0); 2],
             };
             let mut scratch = WorkStats::default();
@@ -1920,21 +2007,22 @@ fn verify(env: &Env, db: &Db<Probe>, allowed: &Allowed, job: &CheckJob, out: &mu
 /// sane size and a count within its capacity.
 fn leaves_sane(db: &Db<Probe>) -> std::result::Result<(), String> {
     let pool = db.space().size();
-    for e in db.tree().index.load().entries() {
-        let l = &e.leaf;
-        if l.off == 0 {
+    let capacity = match db.leaf_format() {
+        LeafFormat::Nv => leaf_nv::capacity,
+        LeafFormat::Isle => crate::format::leaf_isle::capacity,
+    };
+    for (off, size, n) in db.index_leaves() {
+        if off == 0 {
             continue;
         }
-        let n = l.durable.load(Ordering::Relaxed);
-        let ok = l.off % 64 == 0
-            && l.size >= leaf_nv::MIN_SIZE
-            && l.size % 64 == 0
-            && l.off.checked_add(l.size).is_some_and(|end| end <= pool)
-            && n <= leaf_nv::capacity(l.size);
+        let ok = off % 64 == 0
+            && size >= leaf_nv::MIN_SIZE
+            && size % 64 == 0
+            && off.checked_add(size).is_some_and(|end| end <= pool)
+            && n <= capacity(size);
         if !ok {
             return Err(format!(
-                "recovered index holds an invalid leaf: offset {}, size {}, count {n} (pool {pool} bytes)",
-                l.off, l.size
+                "recovered index holds an invalid leaf: offset {off}, size {size}, count {n} (pool {pool} bytes)"
             ));
         }
     }

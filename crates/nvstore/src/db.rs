@@ -10,8 +10,9 @@ use crate::error::{Error, Result};
 use crate::format::header::{self, Header, LeafFormat, VERSION};
 use crate::pmem::{FileSpace, FlushKind, OpenMode, Space};
 use crate::recovery::{self, Recovery, RecoveryKind};
-use crate::tree::leaf::Nv;
-use crate::tree::{RangeIter, Tree};
+use crate::tree::isle::Isle;
+use crate::tree::leaf::{LeafFormat as _, Nv};
+use crate::tree::{RangeIter, SplitHook, Tree, TreeStats};
 
 /// Size of an allocation chunk; also the header's reserved area.
 pub const CHUNK_SIZE: u64 = 64 * 1024;
@@ -77,9 +78,25 @@ impl Options {
     }
 }
 
+/// The tree of a pool, by its leaf format.
+enum Engine<S: Space> {
+    Nv(Arc<Tree<S, Nv>>),
+    Isle(Arc<Tree<S, Isle>>),
+}
+
+/// Runs `$body` with `$t` bound to the pool's tree, whatever its format.
+macro_rules! with_tree {
+    ($self:expr, $t:ident => $body:expr) => {
+        match &$self.engine {
+            Engine::Nv($t) => $body,
+            Engine::Isle($t) => $body,
+        }
+    };
+}
+
 /// An open pool.
 pub struct Db<S: Space = FileSpace> {
-    tree: Arc<Tree<S, Nv>>,
+    engine: Engine<S>,
     header: Header,
     recovery: Recovery,
     /// Whether the pool had been shut down cleanly when it was opened.
@@ -213,18 +230,38 @@ impl<S: Space> Db<S> {
         let space = Arc::new(space);
         let alloc = Arc::new(Allocator::fresh(CHUNK_SIZE, CHUNK_SIZE, size, path.into()));
         let t = std::time::Instant::now();
-        let leaf = Tree::<S, Nv>::create_first_leaf(&*space, &alloc, opts.node_size as u64)?;
-        let entries = vec![crate::tree::index::Entry {
-            max: crate::tree::index::Bound::PosInf,
-            leaf: Arc::new(crate::tree::LeafRef::with(leaf, opts.node_size as u64, 0)),
-        }];
-        let tree = Tree::assemble(space, alloc, entries, opts.node_size as u64, 0, 0, path.into());
+        fn fresh<S: Space, L: crate::tree::leaf::LeafFormat>(
+            space: Arc<S>,
+            alloc: Arc<Allocator>,
+            node_size: u64,
+            path: &Path,
+        ) -> Result<Arc<Tree<S, L>>> {
+            let leaf = Tree::<S, L>::create_first_leaf(&*space, &alloc, node_size)?;
+            let entries = vec![crate::tree::index::Entry {
+                max: crate::tree::index::Bound::PosInf,
+                leaf: Arc::new(crate::tree::LeafRef::with(leaf, node_size, 0)),
+            }];
+            Ok(Arc::new(Tree::assemble(
+                space,
+                alloc,
+                entries,
+                node_size,
+                0,
+                0,
+                path.into(),
+            )))
+        }
+        let ns = opts.node_size as u64;
+        let engine = match opts.leaf {
+            LeafFormat::Nv => Engine::Nv(fresh(space, alloc, ns, path)?),
+            LeafFormat::Isle => Engine::Isle(fresh(space, alloc, ns, path)?),
+        };
         let recovery = Recovery {
             kind: RecoveryKind::Created,
             millis: t.elapsed().as_secs_f64() * 1e3,
         };
         Ok(Db {
-            tree: Arc::new(tree),
+            engine,
             header: h,
             recovery,
             was_clean: true,
@@ -237,11 +274,18 @@ impl<S: Space> Db<S> {
         let h = Header::read(&space, path)?;
         let was_clean = space.load(header::CLEAN_STATE_OFF) != 0;
         let space = Arc::new(space);
-        let (tree, recovery) = match h.leaf_format {
-            LeafFormat::Nv => recovery::open_tree::<S, Nv>(space, &h, path)?,
+        let (engine, recovery) = match h.leaf_format {
+            LeafFormat::Nv => {
+                let (t, r) = recovery::open_tree::<S, Nv>(space, &h, path)?;
+                (Engine::Nv(Arc::new(t)), r)
+            }
+            LeafFormat::Isle => {
+                let (t, r) = recovery::open_tree::<S, Isle>(space, &h, path)?;
+                (Engine::Isle(Arc::new(t)), r)
+            }
         };
         Ok(Db {
-            tree: Arc::new(tree),
+            engine,
             header: h,
             recovery,
             was_clean,
@@ -251,11 +295,15 @@ impl<S: Space> Db<S> {
 
     /// Pool facts and engine counters.
     pub fn stat(&self) -> Stat {
+        with_tree!(self, t => self.stat_of(t))
+    }
+
+    fn stat_of<L: crate::tree::leaf::LeafFormat>(&self, tree: &Tree<S, L>) -> Stat {
         use std::sync::atomic::Ordering::Relaxed;
-        let st = &self.tree.stats;
+        let st = &tree.stats;
         let uuid = self.header.uuid.iter().map(|b| format!("{b:02x}")).collect();
         Stat {
-            path: self.tree.path.display().to_string(),
+            path: tree.path.display().to_string(),
             format_version: self.header.version,
             uuid,
             size_bytes: self.pool_size(),
@@ -266,23 +314,16 @@ impl<S: Space> Db<S> {
             leaf_format: self.header.leaf_format.as_str(),
             node_size: self.header.node_size,
             keys: self.len(),
-            leaves: self
-                .tree
-                .index
-                .load()
-                .entries()
-                .iter()
-                .filter(|e| e.leaf.off != 0)
-                .count() as u64,
+            leaves: tree.index.load().entries().iter().filter(|e| e.leaf.off != 0).count() as u64,
             last_recovery: self.recovery,
             splits: st.splits.load(Relaxed),
             replaces: st.replaces.load(Relaxed),
             merges: st.merges.load(Relaxed),
             rebuilds: st.rebuilds.load(Relaxed),
             rebuild_ms: st.rebuild_ns.load(Relaxed) as f64 / 1e6,
-            last_commit_ts: self.tree.clock.last(),
-            oldest_snapshot: self.tree.clock.oldest_snapshot(),
-            snapshots: self.tree.clock.snapshots() as u64,
+            last_commit_ts: tree.clock.last(),
+            oldest_snapshot: tree.clock.oldest_snapshot(),
+            snapshots: tree.clock.snapshots() as u64,
             commits: st.commits.load(Relaxed),
             multi_leaf_commits: st.multi_leaf_commits.load(Relaxed),
             conflicts: st.conflicts.load(Relaxed),
@@ -290,7 +331,7 @@ impl<S: Space> Db<S> {
     }
 
     pub(crate) fn writable(&self) -> Result<()> {
-        if self.tree.space.writable() {
+        if self.space().writable() {
             Ok(())
         } else {
             Err(Error::ReadOnly)
@@ -300,62 +341,119 @@ impl<S: Space> Db<S> {
     /// The value stored for `key`.
     pub fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
         crate::tree::check_key(key)?;
-        Ok(self.tree.get(key))
+        Ok(with_tree!(self, t => t.get(key)))
     }
 
     /// Stores `value` under `key`; durable when it returns.
     pub fn put(&self, key: &[u8], value: &[u8]) -> Result<()> {
         self.writable()?;
-        self.tree.put(key, value)
+        with_tree!(self, t => t.put(key, value))
     }
 
     /// Removes `key`; returns whether it was there. Durable when it returns.
     pub fn delete(&self, key: &[u8]) -> Result<bool> {
         self.writable()?;
-        self.tree.delete(key)
+        with_tree!(self, t => t.delete(key))
     }
 
     /// Pairs with keys in `range`, in key order.
-    pub fn range<K: AsRef<[u8]>, R: RangeBounds<K>>(&self, range: R) -> RangeIter<S, Nv> {
+    pub fn range<K: AsRef<[u8]>, R: RangeBounds<K>>(&self, range: R) -> Iter<S> {
         let (lo, hi) = owned_bounds(&range);
-        self.tree.range(lo, hi, false)
+        self.iter_over(lo, hi, false)
     }
 
     /// Pairs with keys in `range`, in reverse key order.
-    pub fn range_rev<K: AsRef<[u8]>, R: RangeBounds<K>>(&self, range: R) -> RangeIter<S, Nv> {
+    pub fn range_rev<K: AsRef<[u8]>, R: RangeBounds<K>>(&self, range: R) -> Iter<S> {
         let (lo, hi) = owned_bounds(&range);
-        self.tree.range(lo, hi, true)
+        self.iter_over(lo, hi, true)
     }
 
     /// Every pair, in key order.
-    pub fn iter(&self) -> RangeIter<S, Nv> {
-        self.tree.range(RB::Unbounded, RB::Unbounded, false)
+    pub fn iter(&self) -> Iter<S> {
+        self.iter_over(RB::Unbounded, RB::Unbounded, false)
     }
 
     /// Pairs whose key starts with `prefix`, in key order.
-    pub fn prefix(&self, prefix: &[u8]) -> RangeIter<S, Nv> {
+    pub fn prefix(&self, prefix: &[u8]) -> Iter<S> {
         let (lo, hi) = prefix_bounds(prefix);
-        self.tree.range(lo, hi, false)
+        self.iter_over(lo, hi, false)
     }
 
     /// Pairs whose key starts with `prefix`, in reverse key order.
-    pub fn prefix_rev(&self, prefix: &[u8]) -> RangeIter<S, Nv> {
+    pub fn prefix_rev(&self, prefix: &[u8]) -> Iter<S> {
         let (lo, hi) = prefix_bounds(prefix);
-        self.tree.range(lo, hi, true)
+        self.iter_over(lo, hi, true)
+    }
+
+    fn iter_over(&self, lo: RB<Vec<u8>>, hi: RB<Vec<u8>>, reverse: bool) -> Iter<S> {
+        match &self.engine {
+            Engine::Nv(t) => Iter::Nv(t.range(lo, hi, reverse)),
+            Engine::Isle(t) => Iter::Isle(t.range(lo, hi, reverse)),
+        }
     }
 
     /// Number of keys.
     pub fn len(&self) -> u64 {
-        self.tree.len()
+        with_tree!(self, t => t.len())
     }
 
     pub fn is_empty(&self) -> bool {
-        self.tree.is_empty()
+        self.len() == 0
     }
 
     /// Verifies every invariant without writing (`nvstore check`).
     pub fn check(&self) -> CheckReport {
-        check::check(&self.tree, &self.header)
+        with_tree!(self, t => check::check(t, &self.header))
+    }
+
+    /// The pool's leaf format.
+    pub fn leaf_format(&self) -> LeafFormat {
+        self.header.leaf_format
+    }
+
+    /// The tree of an nv pool; snapshots and transactions work on it.
+    pub fn nv_tree(&self) -> Result<&Arc<Tree<S, Nv>>> {
+        match &self.engine {
+            Engine::Nv(t) => Ok(t),
+            Engine::Isle(_) => Err(Error::Unsupported(format!(
+                "{} leaves keep no versions: snapshots, transactions and write batches need an nv pool \
+                 (nvstore create POOL --leaf nv)",
+                Isle::NAME
+            ))),
+        }
+    }
+
+    /// The commit-timestamp clock.
+    pub fn clock(&self) -> &crate::tree::mvcc::Clock {
+        with_tree!(self, t => &t.clock)
+    }
+
+    /// Structural counters of the tree.
+    pub fn tree_stats(&self) -> &TreeStats {
+        with_tree!(self, t => &t.stats)
+    }
+
+    /// Every leaf offset in chain order, with its element count.
+    pub fn leaf_offsets(&self) -> Vec<(u64, u64)> {
+        with_tree!(self, t => t.leaf_offsets())
+    }
+
+    /// The leaves the inner index routes to: offset, size, element count.
+    pub fn index_leaves(&self) -> Vec<(u64, u64, u64)> {
+        use std::sync::atomic::Ordering::Acquire;
+        with_tree!(self, t => t
+            .index
+            .load()
+            .entries()
+            .iter()
+            .map(|e| (e.leaf.off, e.leaf.size, e.leaf.durable.load(Acquire)))
+            .collect())
+    }
+
+    /// Installs (or removes) the split hook. For crash tests only.
+    #[doc(hidden)]
+    pub fn set_split_hook(&self, hook: Option<SplitHook>) {
+        with_tree!(self, t => t.set_split_hook(hook))
     }
 
     /// How the pool was recovered when opened.
@@ -367,27 +465,38 @@ impl<S: Space> Db<S> {
         &self.header
     }
 
+    /// The tree of an nv pool.
+    ///
+    /// # Panics
+    /// On a pool of another leaf format ([`Db::nv_tree`] says why).
     pub fn tree(&self) -> &Arc<Tree<S, Nv>> {
-        &self.tree
+        match self.nv_tree() {
+            Ok(t) => t,
+            Err(e) => panic!("{e}"),
+        }
     }
 
     pub fn space(&self) -> &S {
-        &self.tree.space
+        with_tree!(self, t => &t.space)
+    }
+
+    fn space_arc(&self) -> &Arc<S> {
+        with_tree!(self, t => &t.space)
     }
 
     /// Bytes of the pool in allocated blocks (plus the header area).
     pub fn used_bytes(&self) -> u64 {
-        self.tree.alloc.used_bytes() + self.header.data_start
+        with_tree!(self, t => t.alloc.used_bytes()) + self.header.data_start
     }
 
     pub fn pool_size(&self) -> u64 {
-        header::pool_size(&*self.tree.space)
+        header::pool_size(self.space())
     }
 
     /// Flushes the file to stable storage (`msync`): the power-loss point on
     /// media without `MAP_SYNC`.
     pub fn sync(&self) -> Result<()> {
-        self.tree.space.sync()
+        self.space().sync()
     }
 
     /// Closes cleanly: saves the index and free lists and sets the clean
@@ -400,7 +509,7 @@ impl<S: Space> Db<S> {
     /// the same bytes).
     pub fn close_into_space(mut self) -> Result<Arc<S>> {
         self.close_inner()?;
-        Ok(self.tree.space.clone())
+        Ok(self.space_arc().clone())
     }
 
     fn close_inner(&mut self) -> Result<()> {
@@ -408,17 +517,33 @@ impl<S: Space> Db<S> {
             return Ok(());
         }
         self.closed = true;
-        if !self.tree.space.writable() {
+        if !self.space().writable() {
             return Ok(());
         }
         // Let deferred frees run where they can; unreclaimed ones are saved as free.
-        recovery::save_clean(&self.tree)
+        with_tree!(self, t => recovery::save_clean(t))
     }
 }
 
 impl<S: Space> Drop for Db<S> {
     fn drop(&mut self) {
         let _ = self.close_inner();
+    }
+}
+
+/// A range iterator over a pool of either leaf format.
+pub enum Iter<S: Space> {
+    Nv(RangeIter<S, Nv>),
+    Isle(RangeIter<S, Isle>),
+}
+
+impl<S: Space> Iterator for Iter<S> {
+    type Item = (Vec<u8>, Vec<u8>);
+    fn next(&mut self) -> Option<Self::Item> {
+        match self {
+            Iter::Nv(i) => i.next(),
+            Iter::Isle(i) => i.next(),
+        }
     }
 }
 

@@ -52,6 +52,10 @@ pub enum Error {
     #[error("pool is open read-only")]
     ReadOnly,
 
+    /// The pool's leaf format does not offer this operation.
+    #[error("{0}")]
+    Unsupported(String),
+
     /// A transaction lost a write-write race (first committer wins) or a
     /// watched key changed; nothing of it was written. Retry it.
     #[error("transaction conflict: a key it writes or watches was changed by a newer commit; nothing was written")]

@@ -139,60 +139,16 @@ pub fn walk_chain<S: Space, L: LeafFormat>(s: &S, h: &header::Header, path: &Pat
 }
 
 fn scan_leaf<S: Space, L: LeafFormat>(s: &S, off: u64, committed: u64, path: &Path) -> Result<LeafScan> {
-    let pool = header::pool_size(s);
-    let size = L::size(s, off);
-    if size < leaf_nv::MIN_SIZE || size % LINE != 0 || size > pool - off {
-        return Err(corrupt(path, format!("leaf {off} has invalid size {size}")));
-    }
-    let count = L::count(s, off);
-    if count > L::capacity(size) {
-        return Err(corrupt(
-            path,
-            format!("leaf {off} count {count} exceeds capacity {}", L::capacity(size)),
-        ));
-    }
-    let mut blobs = Vec::new();
-    // Elements of a transaction without a commit record end the leaf.
-    let mut kept = count;
-    for i in 0..count {
-        let e = leaf_nv::elem(off, i);
-        let meta_w = s.read_u64(e + leaf_nv::E_META);
-        let meta = Meta::decode(meta_w)
-            .ok_or_else(|| corrupt(path, format!("leaf {off} element {i} has invalid metadata {meta_w:#x}")))?;
-        let uncommitted = meta.txn && meta.version > committed;
-        if uncommitted && kept == count {
-            kept = i;
-        } else if !uncommitted && kept < count {
-            return Err(corrupt(
-                path,
-                format!("leaf {off} element {i} follows elements of an uncommitted transaction"),
-            ));
-        }
-        if uncommitted {
-            continue;
-        }
-        let b = s.read_u64(e + leaf_nv::E_BLOB);
-        if meta.needs_blob() {
-            validate_blob(s, b, meta, pool).map_err(|w| corrupt(path, format!("leaf {off} element {i}: {w}")))?;
-            blobs.push(b);
-        } else if b != 0 {
-            return Err(corrupt(
-                path,
-                format!("leaf {off} element {i} has a blob reference but inline data"),
-            ));
-        }
-    }
-    // Every element is valid now; collate for the leaf's bound and live keys.
-    let c = leaf::collate(s, off, kept, leaf::Keep::At(u64::MAX));
+    let sc = L::scan(s, off, committed).map_err(|w| corrupt(path, w))?;
     Ok(LeafScan {
         off,
-        size,
-        count: kept,
-        undo: kept < count,
-        max: c.max_key,
-        max_version: c.max_version,
-        valid: c.live,
-        blobs,
+        size: sc.size,
+        count: sc.count,
+        undo: sc.undo,
+        max: sc.max,
+        max_version: sc.max_version,
+        valid: sc.live,
+        blobs: sc.blobs,
     })
 }
 

@@ -36,11 +36,11 @@ pub struct Snapshot<'a, S: Space> {
 }
 
 impl<'a, S: Space> Snapshot<'a, S> {
-    pub(crate) fn new(db: &'a Db<S>) -> Self {
-        Snapshot {
-            pin: db.tree().pin_snapshot(),
+    pub(crate) fn new(db: &'a Db<S>) -> Result<Self> {
+        Ok(Snapshot {
+            pin: db.nv_tree()?.pin_snapshot(),
             db,
-        }
+        })
     }
 
     /// The commit timestamp this snapshot reads at: it sees every commit
@@ -96,12 +96,12 @@ pub struct Txn<'a, S: Space> {
 }
 
 impl<'a, S: Space> Txn<'a, S> {
-    pub(crate) fn new(db: &'a Db<S>) -> Self {
-        Txn {
-            snap: Snapshot::new(db),
+    pub(crate) fn new(db: &'a Db<S>) -> Result<Self> {
+        Ok(Txn {
+            snap: Snapshot::new(db)?,
             writes: BTreeMap::new(),
             watches: Vec::new(),
-        }
+        })
     }
 
     /// The snapshot timestamp the transaction reads at.
@@ -235,13 +235,14 @@ impl WriteBatch {
 pub const MAX_TXN_ATTEMPTS: u32 = 1000;
 
 impl<S: Space> Db<S> {
-    /// A stable read view at the newest committed state.
-    pub fn snapshot(&self) -> Snapshot<'_, S> {
+    /// A stable read view at the newest committed state; an error on a
+    /// pool whose leaves keep no versions (isle).
+    pub fn snapshot(&self) -> Result<Snapshot<'_, S>> {
         Snapshot::new(self)
     }
 
     /// Starts a transaction reading at the newest committed state.
-    pub fn begin(&self) -> Txn<'_, S> {
+    pub fn begin(&self) -> Result<Txn<'_, S>> {
         Txn::new(self)
     }
 
@@ -252,7 +253,7 @@ impl<S: Space> Db<S> {
     pub fn transaction<T>(&self, mut f: impl FnMut(&mut Txn<'_, S>) -> Result<T>) -> Result<T> {
         let mut attempt = 0;
         loop {
-            let mut tx = self.begin();
+            let mut tx = self.begin()?;
             let r = f(&mut tx).and_then(|v| tx.commit().map(|_| v));
             match r {
                 Err(Error::Conflict) if attempt + 1 < MAX_TXN_ATTEMPTS => {
@@ -277,12 +278,12 @@ impl<S: Space> Db<S> {
         if batch.is_empty() {
             return Ok(self.last_commit_ts());
         }
-        self.tree().commit(&batch.writes, &[], u64::MAX)
+        self.nv_tree()?.commit(&batch.writes, &[], u64::MAX)
     }
 
     /// The newest commit timestamp whose writes (and all older ones) are
     /// visible now.
     pub fn last_commit_ts(&self) -> u64 {
-        self.tree().clock.visible()
+        self.clock().visible()
     }
 }

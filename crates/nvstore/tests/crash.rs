@@ -7,7 +7,7 @@ use std::time::Instant;
 use nvstore::crashtest::{self, Config, Report};
 use nvstore::format::{header, leaf_nv};
 use nvstore::pmem::{SimSpace, Space};
-use nvstore::{Db, Error, Options};
+use nvstore::{Db, Error, LeafFormat, Options};
 
 fn show(r: &Report) -> String {
     format!(
@@ -29,7 +29,7 @@ fn show(r: &Report) -> String {
 /// Every point is reached by the normal workload (the transaction points
 /// only by a campaign with transactions).
 fn assert_all_points_covered(r: &Report, txn: bool) {
-    for p in crashtest::list_points()
+    for p in crashtest::points_for(LeafFormat::Nv)
         .into_iter()
         .filter(|p| txn || !p.starts_with("txn."))
     {
@@ -114,6 +114,46 @@ fn campaign_one_writer_2000_ops_seed_7_finds_no_violation() {
     );
 }
 
+/// An isle campaign: no violation; splits in place, merges, moves between
+/// code words and both recovery repairs happen. (The acceptance run,
+/// `nvstore crashtest --leaf isle --ops 2000 --seed 7`, about 28 000
+/// states, is in `.ci/run` with the release build.)
+#[test]
+fn campaign_isle_finds_no_violation() {
+    let r = crashtest::run(&Config {
+        ops: 800,
+        seed: 7,
+        ..Config::for_leaf(LeafFormat::Isle)
+    });
+    println!("{}", show(&r));
+    assert_eq!(r.violations, 0, "{}", show(&r));
+    assert!(r.crash_states >= 8_000, "{}", show(&r));
+    for p in crashtest::points_for(LeafFormat::Isle) {
+        assert!(r.points_covered.iter().any(|c| c == p), "point {p} never reached");
+    }
+    let w = &r.work;
+    assert!(w.splits > 0 && w.merges > 0, "{w:?}");
+    assert!(
+        r.isle_repairs.stale_dropped > 0 && r.isle_repairs.duplicates_dropped > 0,
+        "recovery never had to repair an isle leaf: {:?}",
+        r.isle_repairs
+    );
+}
+
+/// Two writers on an isle pool.
+#[test]
+fn campaign_isle_two_writers_finds_no_violation() {
+    let r = crashtest::run(&Config {
+        ops: 600,
+        seed: 21,
+        threads: 2,
+        ..Config::for_leaf(LeafFormat::Isle)
+    });
+    println!("{}", show(&r));
+    assert_eq!(r.violations, 0, "{}", show(&r));
+    assert!(r.crash_states >= 3_000, "{}", show(&r));
+}
+
 /// Points whose removal no campaign catches, and why (see the report in
 /// `nvstore::crashtest`'s module documentation).
 /// Points a campaign is known not to catch, with the reason. Empty: the
@@ -127,9 +167,19 @@ const NOT_CAUGHT: &[(&str, &str)] = &[];
 /// not caught with one seed gets two more.
 #[test]
 fn every_dropped_point_is_caught() {
+    dropped_points_are_caught(LeafFormat::Nv);
+}
+
+/// The same for an isle pool: every point it uses.
+#[test]
+fn every_dropped_point_is_caught_isle() {
+    dropped_points_are_caught(LeafFormat::Isle);
+}
+
+fn dropped_points_are_caught(leaf: LeafFormat) {
     let t = Instant::now();
     let mut missed = Vec::new();
-    for p in crashtest::list_points() {
+    for p in crashtest::points_for(leaf) {
         let known = NOT_CAUGHT.iter().find(|(n, _)| *n == p);
         let seeds: &[u64] = if known.is_some() { &[7] } else { &[7, 8, 9] };
         let mut line = String::new();
@@ -143,7 +193,7 @@ fn every_dropped_point_is_caught() {
                 txn: p.starts_with("txn."),
                 stop_after: 1,
                 max_details: 1,
-                ..Config::default()
+                ..Config::for_leaf(leaf)
             });
             assert!(r.drop_hits > 0, "point {p} was never reached: {}", show(&r));
             line = format!(

@@ -36,7 +36,7 @@ fn snapshot_is_stable_under_writes_and_splits() {
     for i in 0u32..200 {
         db.put(&i.to_be_bytes(), format!("v0-{i}").as_bytes()).unwrap();
     }
-    let snap = db.snapshot();
+    let snap = db.snapshot().unwrap();
     let before: Vec<_> = snap.iter().collect();
     assert_eq!(before.len(), 200);
     // Updates, deletes and inserts, enough to split, replace and merge leaves.
@@ -70,7 +70,7 @@ fn snapshot_is_stable_under_writes_and_splits() {
     for i in 200u32..400 {
         assert_eq!(snap.get(&i.to_be_bytes()).unwrap(), None);
     }
-    let later = db.snapshot();
+    let later = db.snapshot().unwrap();
     assert!(later.ts() > snap.ts());
     let latest: Vec<_> = db.iter().collect();
     assert_eq!(later.iter().collect::<Vec<_>>(), latest);
@@ -90,7 +90,7 @@ fn pinned_versions_of_one_key_grow_its_leaf() {
     for i in 0u64..120 {
         db.put(b"hot", &i.to_be_bytes()).unwrap();
         if i % 10 == 0 {
-            snaps.push((i, db.snapshot()));
+            snaps.push((i, db.snapshot().unwrap()));
         }
     }
     for (i, s) in &snaps {
@@ -110,8 +110,8 @@ fn lost_update_is_prevented() {
     let dir = pool_dir();
     let db = Db::create(dir.path().join("p.nvs"), Options::default()).unwrap();
     db.put(b"x", &10i64.to_be_bytes()).unwrap();
-    let mut t1 = db.begin();
-    let mut t2 = db.begin();
+    let mut t1 = db.begin().unwrap();
+    let mut t2 = db.begin().unwrap();
     let x1 = num(t1.get(b"x").unwrap());
     let x2 = num(t2.get(b"x").unwrap());
     t1.put(b"x", &(x1 + 1).to_be_bytes()).unwrap();
@@ -122,7 +122,7 @@ fn lost_update_is_prevented() {
     assert_eq!(db.stat().conflicts, 1);
 
     // A plain put after the start conflicts too, and so does a delete.
-    let mut t3 = db.begin();
+    let mut t3 = db.begin().unwrap();
     t3.put(b"x", b"t3").unwrap();
     db.delete(b"x").unwrap();
     assert!(matches!(t3.commit(), Err(Error::Conflict)));
@@ -137,8 +137,8 @@ fn write_skew_is_possible_as_si_allows() {
     let db = Db::create(dir.path().join("p.nvs"), Options::default()).unwrap();
     db.put(b"x", &1i64.to_be_bytes()).unwrap();
     db.put(b"y", &1i64.to_be_bytes()).unwrap();
-    let mut t1 = db.begin();
-    let mut t2 = db.begin();
+    let mut t1 = db.begin().unwrap();
+    let mut t2 = db.begin().unwrap();
     for (t, k) in [(&mut t1, b"x"), (&mut t2, b"y")] {
         let sum = num(t.get(b"x").unwrap()) + num(t.get(b"y").unwrap());
         assert_eq!(sum, 2);
@@ -155,7 +155,7 @@ fn transaction_reads_its_own_writes_and_abort_writes_nothing() {
     let db = Db::create(dir.path().join("p.nvs"), Options::default()).unwrap();
     db.put(b"a", b"1").unwrap();
     db.put(b"c", b"3").unwrap();
-    let mut t = db.begin();
+    let mut t = db.begin().unwrap();
     t.put(b"b", b"2").unwrap();
     t.delete(b"c").unwrap();
     t.put(b"a", b"one, now longer than eight bytes").unwrap();
@@ -175,7 +175,7 @@ fn transaction_reads_its_own_writes_and_abort_writes_nothing() {
     assert_eq!(db.get(b"c").unwrap(), Some(b"3".to_vec()));
     let used = db.used_bytes();
     // A conflicting commit frees the blobs it wrote.
-    let mut t = db.begin();
+    let mut t = db.begin().unwrap();
     t.put(b"a", &[7u8; 300]).unwrap();
     db.put(b"a", b"race").unwrap();
     assert!(matches!(t.commit(), Err(Error::Conflict)));
@@ -189,18 +189,18 @@ fn watch_fails_the_commit_when_the_key_changes() {
     let db = Db::create(dir.path().join("p.nvs"), Options::default()).unwrap();
     db.put(b"w", b"0").unwrap();
     let since = db.last_commit_ts();
-    let mut t = db.begin();
+    let mut t = db.begin().unwrap();
     t.watch(b"w", since);
     t.put(b"other", b"x").unwrap();
     t.commit().unwrap();
     // Changed after the watch: the commit fails, even a read-only one.
     let since = db.last_commit_ts();
     db.put(b"w", b"1").unwrap();
-    let mut t = db.begin();
+    let mut t = db.begin().unwrap();
     t.watch(b"w", since);
     t.put(b"other", b"y").unwrap();
     assert!(matches!(t.commit(), Err(Error::Conflict)));
-    let mut t = db.begin();
+    let mut t = db.begin().unwrap();
     t.watch(b"w", since);
     assert!(matches!(t.commit(), Err(Error::Conflict)));
     assert_eq!(db.get(b"other").unwrap(), Some(b"x".to_vec()));
@@ -326,7 +326,7 @@ fn bank_transfers_keep_the_total_in_every_snapshot_and_reopen() {
         }
         s.spawn(|| {
             while !stop.load(Ordering::Relaxed) {
-                let snap = db.snapshot();
+                let snap = db.snapshot().unwrap();
                 let (sum, n) = total(snap.iter());
                 assert_eq!((sum, n), (want, ACCOUNTS as usize), "a snapshot saw part of a transfer");
                 let by_get: i64 = (0..ACCOUNTS).map(|i| num(snap.get(&account(i)).unwrap())).sum();
@@ -352,7 +352,7 @@ fn bank_transfers_keep_the_total_in_every_snapshot_and_reopen() {
     })
     .unwrap();
     assert!(db.last_commit_ts() > before);
-    assert_eq!(total(db.snapshot().iter()), (want, ACCOUNTS as usize));
+    assert_eq!(total(db.snapshot().unwrap().iter()), (want, ACCOUNTS as usize));
 }
 
 #[test]
@@ -366,8 +366,8 @@ fn transactions_model_check() {
     let mut rng = rand::rngs::StdRng::seed_from_u64(11);
     for round in 0..300 {
         let snap_model = model.clone();
-        let snap = db.snapshot();
-        let mut tx = db.begin();
+        let snap = db.snapshot().unwrap();
+        let mut tx = db.begin().unwrap();
         let mut staged = model.clone();
         for _ in 0..rng.gen_range(1..20) {
             let k = format!("k{:03}", rng.gen_range(0..150)).into_bytes();

@@ -54,17 +54,20 @@ pub const MIN_FILE: u64 = 2 * LINE;
 #[serde(rename_all = "lowercase")]
 pub enum LeafFormat {
     Nv = 1,
+    Isle = 2,
 }
 
 impl LeafFormat {
     pub fn as_str(self) -> &'static str {
         match self {
             LeafFormat::Nv => "nv",
+            LeafFormat::Isle => "isle",
         }
     }
     pub fn from_u32(v: u32) -> Option<LeafFormat> {
         match v {
             1 => Some(LeafFormat::Nv),
+            2 => Some(LeafFormat::Isle),
             _ => None,
         }
     }
@@ -75,7 +78,8 @@ impl std::str::FromStr for LeafFormat {
     fn from_str(s: &str) -> std::result::Result<Self, String> {
         match s {
             "nv" => Ok(LeafFormat::Nv),
-            _ => Err(format!("unknown leaf format '{s}' (expected nv)")),
+            "isle" => Ok(LeafFormat::Isle),
+            _ => Err(format!("unknown leaf format '{s}' (expected nv or isle)")),
         }
     }
 }

@@ -4,5 +4,6 @@
 pub mod blob;
 pub mod chunk;
 pub mod header;
+pub mod leaf_isle;
 pub mod leaf_nv;
 pub mod saved;

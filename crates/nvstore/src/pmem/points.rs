@@ -42,6 +42,16 @@ points! {
     /// NV leaf: the element count that publishes an append.
     NV_COUNT_FLUSH = "nv.count.flush";
     NV_COUNT_FENCE = "nv.count.fence";
+    /// Isle leaf: a pair written into a free slot, before its line's code names it.
+    ISLE_SLOT_FLUSH = "isle.slot.flush";
+    ISLE_SLOT_FENCE = "isle.slot.fence";
+    /// Isle leaf: a header word of line codes (insert, delete, a pair moved
+    /// between lines, and recovery dropping the older copy a move left).
+    ISLE_CODE_FLUSH = "isle.code.flush";
+    ISLE_CODE_FENCE = "isle.code.fence";
+    /// Isle leaf: a compact pair's value word replaced in place (update).
+    ISLE_VALUE_FLUSH = "isle.value.flush";
+    ISLE_VALUE_FENCE = "isle.value.fence";
     /// Split/replace/merge: the new leaves, flushed and fenced before they are linked.
     NV_NEWLEAF_FLUSH = "nv.newleaf.flush";
     NV_NEWLEAF_FENCE = "nv.newleaf.fence";

@@ -6,6 +6,11 @@
 
 use std::ops::Bound as RB;
 
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+
+use super::mvcc::Clock;
+use super::LeafRef;
 use crate::format::blob;
 use crate::format::leaf_nv::{self as nv, Meta};
 use crate::pmem::{points, Space, LINE};
@@ -315,6 +320,119 @@ pub trait LeafFormat: Send + Sync + 'static {
     /// Writes a complete new leaf (unlinked, flushed but not fenced: the
     /// caller fences once for all new leaves of a split).
     fn build<S: Space>(s: &S, leaf: u64, size: u64, next: u64, elems: &[Slot]);
+
+    /// Whether elements carry versions (snapshots, transactions and write
+    /// batches need them).
+    const VERSIONED: bool;
+
+    /// Whether a split keeps the left half in place ([`LeafFormat::split_in_place`]).
+    const SPLITS_IN_PLACE: bool = false;
+
+    /// [`LeafFormat::build`] of a leaf that replaces one whose `low` (the
+    /// bound a STALE predecessor filters by) was `low`.
+    fn build_with_low<S: Space>(s: &S, leaf: u64, size: u64, next: u64, elems: &[Slot], _low: u64) {
+        Self::build(s, leaf, size, next, elems)
+    }
+
+    /// The value a predecessor's next word gets when a new leaf at
+    /// `new_off` replaces its successor (`old` the word before).
+    fn relink(_old: u64, new_off: u64) -> u64 {
+        new_off
+    }
+
+    /// The leaf's `low` bound (0 for formats without one).
+    fn low<S: Space>(_s: &S, _leaf: u64) -> u64 {
+        0
+    }
+
+    /// Split in place: `right` (the upper part of the leaf's elements,
+    /// already built into the fenced new leaf `new_off`) leaves `leaf`.
+    /// Links the new leaf and drops the moved elements, durably.
+    fn split_in_place<S: Space>(_s: &S, _leaf: &LeafRef, _new_off: u64, _right: &[Slot]) {
+        unreachable!("{} leaves split by copying", Self::NAME)
+    }
+
+    /// Reads `key` as of `at` with the format's reader protocol (no lock);
+    /// `None` when the key has moved to another leaf (route again).
+    fn read<S: Space>(s: &S, leaf: &LeafRef, key: &[u8], at: u64) -> Option<Option<Vec<u8>>>;
+
+    /// Inserts or updates `key` (the caller holds the leaf lock and checked
+    /// it is not dead); durable and visible when it returns `Done`.
+    fn upsert<S: Space>(s: &S, leaf: &LeafRef, key: &[u8], value: &[u8], blob: u64, clock: &Clock) -> Written;
+
+    /// Removes `key` (leaf lock held, as for [`LeafFormat::upsert`]).
+    fn remove<S: Space>(s: &S, leaf: &LeafRef, key: &[u8], clock: &Clock) -> Removed;
+
+    /// The leaf's elements in `[lo, hi]` collated as `keep` says, read with
+    /// the format's reader protocol (or under the leaf lock).
+    fn collate_leaf<S: Space>(s: &S, leaf: &LeafRef, keep: Keep, lo: &RB<Vec<u8>>, hi: &RB<Vec<u8>>) -> Collated;
+
+    /// Whether a new leaf of `size` bytes holds `elems` with room for
+    /// `extra` more.
+    fn fits(size: u64, elems: &[Slot], extra: u64) -> bool {
+        Self::capacity(size) >= elems.len() as u64 + extra
+    }
+
+    /// Whether a leaf has room for `need` more elements (a split that lost
+    /// a race finds room made by another).
+    fn has_room<S: Space>(s: &S, leaf: &LeafRef, need: u64) -> bool;
+
+    /// Recovery: validates the leaf at `off` and gathers what the rebuild
+    /// needs (`committed`: the header's commit record).
+    fn scan<S: Space>(s: &S, off: u64, committed: u64) -> std::result::Result<Scan, String>;
+
+    /// `check`: every invariant of one leaf the format owns.
+    fn audit<S: Space>(s: &S, leaf: &LeafRef, ctx: &AuditCtx<'_>) -> Audit;
+}
+
+/// Outcome of [`LeafFormat::upsert`].
+pub enum Written {
+    /// Done: whether the key was new, and a blob no element refers to any more.
+    Done { inserted: bool, freed: Option<u64> },
+    /// No room: split first.
+    Full,
+    /// The key has moved to another leaf: route again.
+    Moved,
+}
+
+/// Outcome of [`LeafFormat::remove`].
+pub enum Removed {
+    Done { existed: bool, freed: Option<u64> },
+    Full,
+    Moved,
+}
+
+/// A leaf as recovery found it.
+pub struct Scan {
+    pub size: u64,
+    /// Elements to keep published (below the persistent count when an
+    /// uncommitted transaction's elements end the leaf).
+    pub count: u64,
+    /// The count must be lowered durably to `count`.
+    pub undo: bool,
+    pub max: Option<Vec<u8>>,
+    pub max_version: u64,
+    /// Live keys.
+    pub live: u64,
+    pub blobs: Vec<u64>,
+}
+
+/// What [`LeafFormat::audit`] knows of the pool.
+pub struct AuditCtx<'a> {
+    pub pool: u64,
+    pub committed: u64,
+    pub last_ts: u64,
+    /// Whether a key lies inside the leaf's bounds.
+    pub in_bounds: &'a dyn Fn(&[u8]) -> bool,
+}
+
+/// What [`LeafFormat::audit`] found.
+#[derive(Default)]
+pub struct Audit {
+    pub elements: u64,
+    pub live: u64,
+    pub blobs: Vec<u64>,
+    pub problems: Vec<String>,
 }
 
 /// The NV-Tree leaf: unsorted, append-only, published by its count.
@@ -526,4 +644,211 @@ impl LeafFormat for Nv {
         s.write(leaf, &buf);
         s.flush(leaf, used.max(LINE), points::NV_NEWLEAF_FLUSH);
     }
+
+    const VERSIONED: bool = true;
+
+    fn read<S: Space>(s: &S, leaf: &LeafRef, key: &[u8], at: u64) -> Option<Option<Vec<u8>>> {
+        let n = leaf.durable.load(Ordering::Acquire);
+        Some(match Self::lookup_at(s, leaf.off, n, key, at) {
+            Lookup::Present(i) => Some(Self::value(s, leaf.off, i)),
+            Lookup::Absent => None,
+        })
+    }
+
+    fn upsert<S: Space>(s: &S, leaf: &LeafRef, key: &[u8], value: &[u8], blob: u64, clock: &Clock) -> Written {
+        let n = leaf.durable.load(Ordering::Relaxed);
+        let old = match Self::lookup(s, leaf.off, n, key) {
+            Lookup::Present(i) => Some(Self::element(s, leaf.off, i)),
+            Lookup::Absent => None,
+        };
+        let need = if old.is_some() { 2 } else { 1 };
+        if n + need > Self::capacity(leaf.size) {
+            return Written::Full;
+        }
+        let w = clock.begin_write();
+        let new = encode(key, value, blob, w.ts, false);
+        match &old {
+            Some(o) => Self::append(s, leaf.off, n, &[negate(o.words, w.ts, false), new]),
+            None => Self::append(s, leaf.off, n, &[new]),
+        }
+        leaf.durable.store(n + need, Ordering::Release);
+        drop(w);
+        // An old blob stays referenced by the old element until a rewrite drops it.
+        Written::Done {
+            inserted: old.is_none(),
+            freed: None,
+        }
+    }
+
+    fn remove<S: Space>(s: &S, leaf: &LeafRef, key: &[u8], clock: &Clock) -> Removed {
+        let n = leaf.durable.load(Ordering::Relaxed);
+        // A NEGATIVE element is appended only when a positive one exists (§4.3).
+        let Lookup::Present(i) = Self::lookup(s, leaf.off, n, key) else {
+            return Removed::Done {
+                existed: false,
+                freed: None,
+            };
+        };
+        if n + 1 > Self::capacity(leaf.size) {
+            return Removed::Full;
+        }
+        let old = Self::element(s, leaf.off, i);
+        let w = clock.begin_write();
+        Self::append(s, leaf.off, n, &[negate(old.words, w.ts, false)]);
+        leaf.durable.store(n + 1, Ordering::Release);
+        drop(w);
+        Removed::Done {
+            existed: true,
+            freed: None,
+        }
+    }
+
+    fn collate_leaf<S: Space>(s: &S, leaf: &LeafRef, keep: Keep, lo: &RB<Vec<u8>>, hi: &RB<Vec<u8>>) -> Collated {
+        collate_in(s, leaf.off, leaf.durable.load(Ordering::Acquire), keep, lo, hi)
+    }
+
+    fn has_room<S: Space>(_s: &S, leaf: &LeafRef, need: u64) -> bool {
+        leaf.durable.load(Ordering::Relaxed) + need <= Self::capacity(leaf.size)
+    }
+
+    fn scan<S: Space>(s: &S, off: u64, committed: u64) -> std::result::Result<Scan, String> {
+        let pool = crate::format::header::pool_size(s);
+        let size = Self::size(s, off);
+        if size < nv::MIN_SIZE || size % LINE != 0 || size > pool - off {
+            return Err(format!("leaf {off} has invalid size {size}"));
+        }
+        let count = Self::count(s, off);
+        if count > Self::capacity(size) {
+            return Err(format!(
+                "leaf {off} count {count} exceeds capacity {}",
+                Self::capacity(size)
+            ));
+        }
+        let mut blobs = Vec::new();
+        // Elements of a transaction without a commit record end the leaf.
+        let mut kept = count;
+        for i in 0..count {
+            let e = nv::elem(off, i);
+            let meta_w = s.read_u64(e + nv::E_META);
+            let meta = Meta::decode(meta_w)
+                .ok_or_else(|| format!("leaf {off} element {i} has invalid metadata {meta_w:#x}"))?;
+            let uncommitted = meta.txn && meta.version > committed;
+            if uncommitted && kept == count {
+                kept = i;
+            } else if !uncommitted && kept < count {
+                return Err(format!(
+                    "leaf {off} element {i} follows elements of an uncommitted transaction"
+                ));
+            }
+            if uncommitted {
+                continue;
+            }
+            let b = s.read_u64(e + nv::E_BLOB);
+            if meta.needs_blob() {
+                crate::recovery::validate_blob(s, b, meta, pool).map_err(|w| format!("leaf {off} element {i}: {w}"))?;
+                blobs.push(b);
+            } else if b != 0 {
+                return Err(format!("leaf {off} element {i} has a blob reference but inline data"));
+            }
+        }
+        // Every element is valid now; collate for the leaf's bound and live keys.
+        let c = collate(s, off, kept, Keep::At(u64::MAX));
+        Ok(Scan {
+            size,
+            count: kept,
+            undo: kept < count,
+            max: c.max_key,
+            max_version: c.max_version,
+            live: c.live,
+            blobs,
+        })
+    }
+
+    fn audit<S: Space>(s: &S, leaf: &LeafRef, ctx: &AuditCtx<'_>) -> Audit {
+        let off = leaf.off;
+        let mut a = Audit::default();
+        let persistent = Self::count(s, off);
+        if persistent > Self::capacity(leaf.size) {
+            a.problems.push(format!(
+                "leaf {off}: count {persistent} exceeds capacity {}",
+                Self::capacity(leaf.size)
+            ));
+            return a;
+        }
+        let n = leaf.durable.load(Ordering::Acquire);
+        // A read-only open cannot undo an uncommitted transaction's
+        // elements; it only stops reading before them.
+        let undone = !s.writable()
+            && n < persistent
+            && (n..persistent).all(|i| {
+                let m = Meta::decode(s.read_u64(nv::elem(off, i) + nv::E_META));
+                m.is_some_and(|m| m.txn && m.version > ctx.committed)
+            });
+        if n != persistent && !undone {
+            a.problems.push(format!(
+                "leaf {off}: durable count {n} differs from persistent count {persistent}"
+            ));
+        }
+        let mut newest: HashMap<Vec<u8>, bool> = HashMap::new();
+        let mut versions: HashMap<Vec<u8>, u64> = HashMap::new();
+        for i in 0..n.min(persistent) {
+            let words = load_words(s, nv::elem(off, i));
+            if Meta::decode(words[3]).is_none() {
+                a.problems
+                    .push(format!("leaf {off} element {i}: invalid metadata {:#x}", words[3]));
+                continue;
+            }
+            if let Err(w) = crate::recovery::leaf_blob_ok(s, &words, ctx.pool) {
+                a.problems.push(format!("leaf {off} element {i}: {w}"));
+                continue;
+            }
+            let el = Self::element(s, off, i);
+            a.elements += 1;
+            if el.blob() != 0 {
+                a.blobs.push(el.blob());
+            }
+            if !(ctx.in_bounds)(&el.key) {
+                a.problems.push(format!(
+                    "leaf {off} element {i}: key {} outside the leaf's bounds",
+                    show(&el.key)
+                ));
+            }
+            let meta = el.meta();
+            if meta.txn && meta.version > ctx.committed {
+                a.problems.push(format!(
+                    "leaf {off} element {i}: part of transaction {} that has no commit record",
+                    meta.version
+                ));
+            }
+            if meta.version > ctx.last_ts {
+                a.problems.push(format!(
+                    "leaf {off} element {i}: version {} is newer than the clock ({})",
+                    meta.version, ctx.last_ts
+                ));
+            }
+            if versions
+                .insert(el.key.clone(), meta.version)
+                .is_some_and(|v| v > meta.version)
+            {
+                a.problems.push(format!(
+                    "leaf {off} element {i}: versions of key {} go backwards",
+                    show(&el.key)
+                ));
+            }
+            let neg = el.negative();
+            if neg && newest.get(&el.key) != Some(&true) {
+                a.problems.push(format!(
+                    "leaf {off} element {i}: NEGATIVE element without a live positive one"
+                ));
+            }
+            newest.insert(el.key, !neg);
+        }
+        a.live = newest.values().filter(|v| **v).count() as u64;
+        a
+    }
+}
+
+/// A key for messages.
+pub fn show(k: &[u8]) -> String {
+    String::from_utf8_lossy(k).into_owned()
 }

@@ -14,6 +14,7 @@
 //!   blocks to epoch-based reclamation. Appends to other leaves go on meanwhile.
 
 pub mod index;
+pub mod isle;
 pub mod leaf;
 pub mod mvcc;
 
@@ -34,7 +35,7 @@ use crate::error::{Error, Result};
 use crate::format::header;
 use crate::pmem::{points, Space};
 use index::{Bound, Entry, Found, Index, Pln};
-use leaf::{Keep, LeafFormat, Lookup, Slot};
+use leaf::{Keep, LeafFormat, Removed, Slot, Written};
 use mvcc::Clock;
 
 /// Largest key, in bytes.
@@ -51,6 +52,14 @@ pub struct LeafRef {
     /// Set once the leaf has been replaced; writers that find it retry.
     pub dead: AtomicBool,
     pub lock: Mutex<()>,
+    /// Formats that change published words in place (isle) make it odd
+    /// while they do and until the change is durable; readers retry when
+    /// it is odd or moved while they read.
+    pub seq: AtomicU64,
+    /// Key words at or above this have moved to the right sibling (a split
+    /// in place); a reader or writer that routed here with an older index
+    /// routes again.
+    pub high: AtomicU64,
 }
 
 impl LeafRef {
@@ -64,6 +73,8 @@ impl LeafRef {
             durable: AtomicU64::new(count),
             dead: AtomicBool::new(false),
             lock: Mutex::new(()),
+            seq: AtomicU64::new(0),
+            high: AtomicU64::new(u64::MAX),
         }
     }
 }
@@ -160,14 +171,13 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
 
     /// Point lookup as of timestamp `at` (a pinned snapshot's).
     pub fn get_at(&self, key: &[u8], at: u64) -> Option<Vec<u8>> {
-        let _g = epoch::pin();
-        let idx = self.index.load();
-        let f = idx.find(key);
-        let leaf = &f.leaf;
-        let n = leaf.durable.load(Ordering::Acquire);
-        match L::lookup_at(&*self.space, leaf.off, n, key, at) {
-            Lookup::Present(i) => Some(L::value(&*self.space, leaf.off, i)),
-            Lookup::Absent => None,
+        loop {
+            let _g = epoch::pin();
+            let idx = self.index.load();
+            let f = idx.find(key);
+            if let Some(v) = L::read(&*self.space, &f.leaf, key, at) {
+                return v;
+            }
         }
     }
 
@@ -200,37 +210,29 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
             if leaf.dead.load(Ordering::Acquire) {
                 continue;
             }
-            let n = leaf.durable.load(Ordering::Relaxed);
-            let old = match L::lookup(&*self.space, leaf.off, n, key) {
-                Lookup::Present(i) => Some(L::element(&*self.space, leaf.off, i)),
-                Lookup::Absent => None,
-            };
-            let need = if old.is_some() { 2 } else { 1 };
-            if n + need > L::capacity(leaf.size) {
-                drop(lk);
-                drop(guard);
-                if let Err(e) = self.split(key) {
-                    if blob != 0 {
-                        self.alloc.free(blob);
+            match L::upsert(&*self.space, &leaf, key, value, blob, &self.clock) {
+                Written::Full => {
+                    drop(lk);
+                    drop(guard);
+                    if let Err(e) = self.split(key) {
+                        if blob != 0 {
+                            self.alloc.free(blob);
+                        }
+                        return Err(e);
                     }
-                    return Err(e);
+                    continue;
                 }
-                continue;
+                Written::Moved => continue,
+                Written::Done { inserted, freed } => {
+                    drop(lk);
+                    if inserted {
+                        self.keys.fetch_add(1, Ordering::Relaxed);
+                    }
+                    self.retire_blob(freed, &guard);
+                    self.space.op_boundary();
+                    return Ok(());
+                }
             }
-            let w = self.clock.begin_write();
-            let new = leaf::encode(key, value, blob, w.ts, false);
-            match &old {
-                Some(o) => L::append(&*self.space, leaf.off, n, &[leaf::negate(o.words, w.ts, false), new]),
-                None => L::append(&*self.space, leaf.off, n, &[new]),
-            }
-            leaf.durable.store(n + need, Ordering::Release);
-            drop(w);
-            drop(lk);
-            if old.is_none() {
-                self.keys.fetch_add(1, Ordering::Relaxed);
-            }
-            self.space.op_boundary();
-            return Ok(());
         }
     }
 
@@ -245,27 +247,48 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
             if leaf.dead.load(Ordering::Acquire) {
                 continue;
             }
-            let n = leaf.durable.load(Ordering::Relaxed);
-            // A NEGATIVE element is appended only when a positive one exists (§4.3).
-            let Lookup::Present(i) = L::lookup(&*self.space, leaf.off, n, key) else {
-                self.space.op_boundary();
-                return Ok(false);
-            };
-            if n + 1 > L::capacity(leaf.size) {
-                drop(lk);
-                drop(guard);
-                self.split(key)?;
-                continue;
+            match L::remove(&*self.space, &leaf, key, &self.clock) {
+                Removed::Full => {
+                    drop(lk);
+                    drop(guard);
+                    self.split(key)?;
+                    continue;
+                }
+                Removed::Moved => continue,
+                Removed::Done { existed, freed } => {
+                    drop(lk);
+                    if existed {
+                        self.keys.fetch_sub(1, Ordering::Relaxed);
+                    }
+                    self.retire_blob(freed, &guard);
+                    drop(guard);
+                    // Deletes free room in formats that remove in place: a
+                    // leaf below a quarter full merges with its right
+                    // sibling (Isle-Tree §IV-D), under the structure lock.
+                    if L::SPLITS_IN_PLACE
+                        && existed
+                        && leaf.durable.load(Ordering::Relaxed) < L::capacity(leaf.size) / 4
+                    {
+                        // A merge that cannot allocate changes nothing: the
+                        // delete stands either way.
+                        let structure = self.structure.lock();
+                        let _ = self.split_locked(key, 0, None, true);
+                        drop(structure);
+                    }
+                    self.space.op_boundary();
+                    return Ok(existed);
+                }
             }
-            let old = L::element(&*self.space, leaf.off, i);
-            let w = self.clock.begin_write();
-            L::append(&*self.space, leaf.off, n, &[leaf::negate(old.words, w.ts, false)]);
-            leaf.durable.store(n + 1, Ordering::Release);
-            drop(w);
-            drop(lk);
-            self.keys.fetch_sub(1, Ordering::Relaxed);
-            self.space.op_boundary();
-            return Ok(true);
+        }
+    }
+
+    /// Hands a blob no element refers to any more to epoch reclamation
+    /// (readers pinned now may still read it).
+    fn retire_blob(&self, blob: Option<u64>, guard: &epoch::Guard) {
+        if let Some(b) = blob {
+            self.alloc.retire(&[b]);
+            let alloc = self.alloc.clone();
+            guard.defer(move || alloc.release(&[b]));
         }
     }
 
@@ -273,7 +296,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
     /// merge with the right sibling (seed 000 §4.4).
     fn split(&self, key: &[u8]) -> Result<()> {
         let structure = self.structure.lock();
-        let changed = self.split_locked(key, 2, None)?;
+        let changed = self.split_locked(key, 2, None, false)?;
         drop(structure);
         if changed {
             let hook = self.split_hook.lock().clone();
@@ -290,19 +313,30 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
     /// splits that leaf after the key `cut` whatever its fill (a transaction
     /// with more new keys for one leaf than a leaf holds). Returns whether
     /// anything changed.
-    fn split_locked(&self, key: &[u8], need: u64, cut: Option<&[u8]>) -> Result<bool> {
+    /// With `merge_only`, only merges an underfull leaf with its right
+    /// sibling (formats whose deletes free room, like isle, call it when
+    /// a leaf falls below a quarter full).
+    fn split_locked(&self, key: &[u8], need: u64, cut: Option<&[u8]>, merge_only: bool) -> Result<bool> {
         let guard = epoch::pin();
         let idx = self.index.load_full();
         let f = idx.find(key);
         let leaf = f.leaf.clone();
         let lk = leaf.lock.lock();
-        let n = leaf.durable.load(Ordering::Relaxed);
-        let cap = L::capacity(leaf.size);
-        if leaf.dead.load(Ordering::Acquire) || (cut.is_none() && n + need <= cap) {
+        if leaf.dead.load(Ordering::Acquire) || (cut.is_none() && !merge_only && L::has_room(&*self.space, &leaf, need))
+        {
             return Ok(false); // someone else made room
         }
+        if merge_only && leaf.durable.load(Ordering::Relaxed) >= L::capacity(leaf.size) / 4 {
+            return Ok(false);
+        }
         // Keep every version a live (or future) snapshot can read.
-        let c = leaf::collate(&*self.space, leaf.off, n, Keep::Since(self.clock.oldest()));
+        let c = L::collate_leaf(
+            &*self.space,
+            &leaf,
+            Keep::Since(self.clock.oldest()),
+            &RB::Unbounded,
+            &RB::Unbounded,
+        );
         let (mut valid, mut dropped_blobs) = (c.valid, c.dropped_blobs);
         let old_next = L::next(&*self.space, leaf.off);
         let base_cap = L::capacity(self.node_size);
@@ -315,6 +349,18 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
         let mut to_free = vec![leaf.off];
         let boundary = split_point(&valid);
 
+        if L::SPLITS_IN_PLACE && cut.is_none() && !merge_only && valid.len() as u64 >= min_fill {
+            if let Some(mid) = word_split_point(&valid) {
+                let right = valid.split_off(mid);
+                return self.split_in_place(&idx, &f, &valid, right, old_next).map(|()| true);
+            }
+        }
+        let merge_ok = right.as_ref().is_some_and(|(_, _, r)| {
+            (valid.len() as u64) < min_fill && L::count(&*self.space, r.leaf.off) < L::capacity(r.leaf.size) / 2
+        });
+        if merge_only && !merge_ok {
+            return Ok(false);
+        }
         if let Some(cut) = cut {
             // Cut: keys up to `cut` left, the rest right (either may be empty).
             let at = valid.partition_point(|e| e.cmp_bytes(cut).is_le());
@@ -322,7 +368,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
             new_entries.push((Bound::Key(cut.into()), 0, valid));
             new_entries.push((f.high.clone(), old_next, right_half));
             self.stats.splits.fetch_add(1, Ordering::Relaxed);
-        } else if let Some(mid) = boundary.filter(|_| valid.len() as u64 >= min_fill) {
+        } else if let Some(mid) = boundary.filter(|_| !merge_only && valid.len() as u64 >= min_fill) {
             // Split: halves (already in key order, a key's versions never
             // parted) to two new leaves.
             let right_half = valid.split_off(mid);
@@ -330,13 +376,16 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
             new_entries.push((sep, 0, valid));
             new_entries.push((f.high.clone(), old_next, right_half));
             self.stats.splits.fetch_add(1, Ordering::Relaxed);
-        } else if let Some((_, _, r)) = right.as_ref().filter(|(_, _, r)| {
-            (valid.len() as u64) < min_fill && L::count(&*self.space, r.leaf.off) < L::capacity(r.leaf.size) / 2
-        }) {
+        } else if let Some((_, _, r)) = right.as_ref().filter(|_| merge_ok) {
             // Merge with the right sibling into one leaf.
             let rl = r.leaf.lock.lock();
-            let rn = r.leaf.durable.load(Ordering::Relaxed);
-            let rc = leaf::collate(&*self.space, r.leaf.off, rn, Keep::Since(self.clock.oldest()));
+            let rc = L::collate_leaf(
+                &*self.space,
+                &r.leaf,
+                Keep::Since(self.clock.oldest()),
+                &RB::Unbounded,
+                &RB::Unbounded,
+            );
             valid.extend(rc.valid); // every key of the right sibling is above the left's
             dropped_blobs.extend(rc.dropped_blobs);
             let r_next = L::next(&*self.space, r.leaf.off);
@@ -355,7 +404,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
         let replaced = new_entries.len() == 1 && merged.is_none();
         let sizes: Vec<u64> = new_entries
             .iter()
-            .map(|(_, _, es)| self.leaf_size_for(es.len() + if replaced { need as usize } else { 0 }))
+            .map(|(_, _, es)| self.leaf_size_for(es, if replaced { need } else { 0 }))
             .collect();
         let mut offs = Vec::with_capacity(new_entries.len());
         for &size in &sizes {
@@ -370,11 +419,23 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
             }
         }
         // Chain the new leaves: each one's next is the following new leaf.
+        // The first inherits the old leaf's low bound.
         for i in 0..new_entries.len() {
             if i + 1 < new_entries.len() {
                 new_entries[i].1 = offs[i + 1];
             }
-            L::build(&*self.space, offs[i], sizes[i], new_entries[i].1, &new_entries[i].2);
+            let low = match i {
+                0 => L::low(&*self.space, leaf.off),
+                _ => new_entries[i].2.first().map_or(0, |e| e.words[0]),
+            };
+            L::build_with_low(
+                &*self.space,
+                offs[i],
+                sizes[i],
+                new_entries[i].1,
+                &new_entries[i].2,
+                low,
+            );
         }
         self.space.fence(points::NV_NEWLEAF_FENCE);
         // One atomic store swaps them in.
@@ -382,7 +443,12 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
             Some(p) => L::next_word(p.leaf.off),
             None => header::LEAF_HEAD_OFF,
         };
-        self.space.store(link, offs[0]);
+        let linked = if link == header::LEAF_HEAD_OFF {
+            offs[0]
+        } else {
+            L::relink(self.space.load(link), offs[0])
+        };
+        self.space.store(link, linked);
         self.space.flush(link, 8, points::NV_LINK_FLUSH);
         self.space.fence(points::NV_LINK_FENCE);
 
@@ -430,11 +496,53 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
         Ok(true)
     }
 
-    /// Size of a new leaf for `elems` elements: the node size, or larger
-    /// when they would leave it without room for one more update.
-    fn leaf_size_for(&self, elems: usize) -> u64 {
+    /// Split in place (formats with [`LeafFormat::SPLITS_IN_PLACE`]): the
+    /// upper part `right` of the leaf `f` routes to goes to one new leaf,
+    /// the rest stays. The caller holds the structure lock and the leaf's.
+    fn split_in_place(
+        &self,
+        idx: &Arc<Index>,
+        f: &Found,
+        left: &[Slot],
+        right: Vec<Slot>,
+        old_next: u64,
+    ) -> Result<()> {
+        let size = self.leaf_size_for(&right, 0);
+        let off = self.alloc.alloc(&*self.space, size)?;
+        let low = right[0].words[0];
+        L::build_with_low(&*self.space, off, size, old_next, &right, low);
+        self.space.fence(points::NV_NEWLEAF_FENCE);
+        // Writers and readers that routed here with the old index route again.
+        f.leaf.high.store(low, Ordering::Release);
+        L::split_in_place(&*self.space, &f.leaf, off, &right);
+        let sep = Bound::Key(left.last().expect("a non-empty left part").key().into_boxed_slice());
+        let fresh = vec![
+            Entry {
+                max: sep,
+                leaf: f.leaf.clone(),
+            },
+            Entry {
+                max: f.high.clone(),
+                leaf: Arc::new(LeafRef::with(off, size, right.len() as u64)),
+            },
+        ];
+        let pln = idx.plns[f.pln].load();
+        let mut entries = pln.entries.clone();
+        entries.splice(f.pos..f.pos + 1, fresh);
+        if entries.len() <= idx.pln_limit {
+            idx.plns[f.pln].store(Arc::new(Pln { entries }));
+        } else {
+            self.rebuild_from_plns(idx, f.pln, entries);
+        }
+        self.stats.splits.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Size of a new leaf for `elems` and `extra` more: the node size, or
+    /// larger when they would leave it without room for one more update.
+    fn leaf_size_for(&self, elems: &[Slot], extra: u64) -> u64 {
         let mut size = self.node_size;
-        while L::capacity(size) < elems as u64 + 2 {
+        while !L::fits(size, elems, extra + 2) {
             size *= 2;
         }
         size
@@ -469,8 +577,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
     /// that live in blobs are read now, while the epoch is pinned; inline
     /// keys and values are materialised only when the iterator yields them.
     fn leaf_range(&self, f: &Found, lo: &KeyBound, hi: &KeyBound, at: u64) -> Vec<Pending> {
-        let n = f.leaf.durable.load(Ordering::Acquire);
-        leaf::collate_in(&*self.space, f.leaf.off, n, Keep::At(at), lo, hi)
+        L::collate_leaf(&*self.space, &f.leaf, Keep::At(at), lo, hi)
             .valid
             .into_iter()
             .map(|e| {
@@ -594,6 +701,12 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
         watches: &[(Vec<u8>, u64)],
         start: u64,
     ) -> Result<u64> {
+        if !L::VERSIONED {
+            return Err(Error::Unsupported(format!(
+                "{} leaves keep no versions: transactions and write batches need an nv pool",
+                L::NAME
+            )));
+        }
         for (k, v) in writes {
             check_sizes(k, v.as_deref().unwrap_or_default())?;
         }
@@ -724,7 +837,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
             }
             if let Some((key, need, cut)) = room {
                 drop(locks);
-                if let Err(e) = self.split_locked(&key, need, cut.as_deref()) {
+                if let Err(e) = self.split_locked(&key, need, cut.as_deref(), false) {
                     drop(structure);
                     free_blobs(&blobs);
                     return Err(e);
@@ -790,6 +903,22 @@ fn split_point(valid: &[Slot]) -> Option<usize> {
         [mid + d, mid.wrapping_sub(d)]
             .into_iter()
             .find(|&i| i <= len && starts_key(i))
+    })
+}
+
+/// The index nearest the middle of `valid` (key-ordered) where the key
+/// word grows, so every key word left of it is below every one right of
+/// it; `None` when one word covers them all.
+fn word_split_point(valid: &[Slot]) -> Option<usize> {
+    let len = valid.len();
+    let mid = len / 2;
+    // u64::MAX is the "no bound" value of a leaf's `high`.
+    let starts =
+        |i: usize| i > 0 && i < len && valid[i - 1].words[0] < valid[i].words[0] && valid[i].words[0] < u64::MAX;
+    (0..=len).find_map(|d| {
+        [mid + d, mid.wrapping_sub(d)]
+            .into_iter()
+            .find(|&i| i <= len && starts(i))
     })
 }
 

@@ -15,13 +15,15 @@
 //! 8. the key count equals the number of valid keys;
 //! 9. a key's versions never decrease in append order, none is newer than
 //!    the clock, and no element of a transaction without a commit record is
-//!    published (a read-only open reads below them instead).
+//!    published (a read-only open reads below them instead);
+//! 10. a leaf's compact prefix lies within its count and is in strictly
+//!     increasing key order (search bisects it).
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::Ordering;
 
 use crate::format::header::{self, Header};
-use crate::format::leaf_nv::Meta;
+use crate::format::leaf_nv::{Layout, Meta};
 use crate::pmem::Space;
 use crate::recovery;
 use crate::tree::index::Bound;
@@ -87,13 +89,24 @@ pub fn check<S: Space, L: LeafFormat>(tree: &Tree<S, L>, h: &Header) -> CheckRep
             ));
             continue;
         }
+        let layout = Layout::read(s, off);
+        if !L::layout_ok(s, off, size, persistent) {
+            problems.push(format!(
+                "leaf {off}: compact prefix of {} entries with {persistent} elements",
+                layout.compact
+            ));
+            continue;
+        }
+        if (1..layout.compact).any(|i| layout.key_word(s, i - 1) >= layout.key_word(s, i)) {
+            problems.push(format!("leaf {off}: compact prefix out of key order"));
+        }
         let n = e.leaf.durable.load(Ordering::Acquire);
         // A read-only open cannot undo an uncommitted transaction's
         // elements; it only stops reading before them.
         let undone = !s.writable()
             && n < persistent
             && (n..persistent).all(|i| {
-                let m = Meta::decode(s.read_u64(crate::format::leaf_nv::elem(off, i) + crate::format::leaf_nv::E_META));
+                let m = Meta::decode(layout.words(s, i)[3]);
                 m.is_some_and(|m| m.txn && m.version > committed)
             });
         if n != persistent && !undone {
@@ -105,17 +118,12 @@ pub fn check<S: Space, L: LeafFormat>(tree: &Tree<S, L>, h: &Header) -> CheckRep
         let mut versions: HashMap<Vec<u8>, u64> = HashMap::new();
         for i in 0..n {
             let el = {
-                let meta_w = s.read_u64(crate::format::leaf_nv::elem(off, i) + crate::format::leaf_nv::E_META);
+                let words = layout.words(s, i);
+                let meta_w = words[3];
                 if Meta::decode(meta_w).is_none() {
                     problems.push(format!("leaf {off} element {i}: invalid metadata {meta_w:#x}"));
                     continue;
                 }
-                let words = [
-                    s.read_u64(crate::format::leaf_nv::elem(off, i)),
-                    s.read_u64(crate::format::leaf_nv::elem(off, i) + 8),
-                    s.read_u64(crate::format::leaf_nv::elem(off, i) + 16),
-                    meta_w,
-                ];
                 if let Err(w) = recovery::leaf_blob_ok(s, &words, pool) {
                     problems.push(format!("leaf {off} element {i}: {w}"));
                     continue;

@@ -151,12 +151,22 @@ fn scan_leaf<S: Space, L: LeafFormat>(s: &S, off: u64, committed: u64, path: &Pa
             format!("leaf {off} count {count} exceeds capacity {}", L::capacity(size)),
         ));
     }
+    let layout = leaf_nv::Layout::read(s, off);
+    if !L::layout_ok(s, off, size, count) {
+        return Err(corrupt(
+            path,
+            format!(
+                "leaf {off} has an invalid compact prefix ({} of {count})",
+                layout.compact
+            ),
+        ));
+    }
     let mut blobs = Vec::new();
     // Elements of a transaction without a commit record end the leaf.
     let mut kept = count;
     for i in 0..count {
-        let e = leaf_nv::elem(off, i);
-        let meta_w = s.read_u64(e + leaf_nv::E_META);
+        let words = layout.words(s, i);
+        let meta_w = words[3];
         let meta = Meta::decode(meta_w)
             .ok_or_else(|| corrupt(path, format!("leaf {off} element {i} has invalid metadata {meta_w:#x}")))?;
         let uncommitted = meta.txn && meta.version > committed;
@@ -171,7 +181,7 @@ fn scan_leaf<S: Space, L: LeafFormat>(s: &S, off: u64, committed: u64, path: &Pa
         if uncommitted {
             continue;
         }
-        let b = s.read_u64(e + leaf_nv::E_BLOB);
+        let b = words[1];
         if meta.needs_blob() {
             validate_blob(s, b, meta, pool).map_err(|w| corrupt(path, format!("leaf {off} element {i}: {w}")))?;
             blobs.push(b);
@@ -369,7 +379,11 @@ fn load_saved<S: Space, L: LeafFormat>(
             }
             let size = L::size(s, off);
             let count = L::count(s, off);
-            if size < leaf_nv::MIN_SIZE || !size.is_multiple_of(LINE) || size > pool - off || count > L::capacity(size)
+            if size < leaf_nv::MIN_SIZE
+                || !size.is_multiple_of(LINE)
+                || size > pool - off
+                || count > L::capacity(size)
+                || !L::layout_ok(s, off, size, count)
             {
                 return None;
             }

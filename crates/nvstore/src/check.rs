@@ -17,7 +17,7 @@
 //!    the clock, and no element of a transaction without a commit record is
 //!    published (a read-only open reads below them instead);
 //! 10. a leaf's compact prefix lies within its count and is in strictly
-//!     increasing key order (search bisects it).
+//!     increasing key order (search stops at the first larger key).
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::Ordering;

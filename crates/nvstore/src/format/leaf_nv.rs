@@ -38,8 +38,8 @@
 //!   reader sees them, and never below a version they replace, so the clock
 //!   restarted from the leaves stays above every version ever stored). At
 //!   most one compact entry per key, the key's oldest element in the leaf;
-//!   the prefix is in strictly increasing key order, so a search finds a key
-//!   in it by bisection. `compact` and `compact_version` are written with the
+//!   the prefix is in strictly increasing key order, so a search stops at
+//!   the first larger key. `compact` and `compact_version` are written with the
 //!   leaf, before it is linked, and never change; 0 in leaves written before
 //!   the prefix existed (which open unchanged). A split halves the bytes it
 //!   copies: 16 instead of 32 per kept element.

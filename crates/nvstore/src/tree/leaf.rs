@@ -239,9 +239,10 @@ pub fn collate_in<S: Space>(s: &S, leaf: u64, n: u64, keep: Keep, lo: &RB<Vec<u8
                     }
                     started = true;
                     let mut e = e.clone();
-                    e.words[3] &= !nv::TXN; // committed: the flag has done its work
-                                            // Only the newest element at or below `oldest` is read
-                                            // by every snapshot; the ones after it are newer.
+                    // Committed: the flag has done its work.
+                    e.words[3] &= !nv::TXN;
+                    // Only the newest element at or below `oldest` is read by
+                    // every snapshot; the ones after it are newer.
                     e.settled = k == 0 && e.version() <= oldest;
                     valid.push(e);
                 }
@@ -486,9 +487,9 @@ impl LeafFormat for Nv {
         }
         // The prefix holds only 8-byte keys, in increasing order: scan it
         // forward and stop at the first larger key. (A bisection touches
-        // fewer lines but each probe waits for the one before; a forward
-        // scan of a cold leaf runs at the hardware prefetcher's pace and
-        // measured faster.)
+        // fewer lines, but on a cold leaf each probe waits for the one
+        // before, and it measured slower; a forward scan runs at the
+        // hardware prefetcher's pace.)
         if key.len() != 8 || layout.compact_version > at {
             return None;
         }

@@ -41,12 +41,8 @@ use nvstore::pmem::file::FileOptions;
 use nvstore::pmem::{FileSpace, OpenMode, Space, ThreadCounters};
 use nvstore::{Error, LeafFormat, Result};
 
-/// Every engine, in report order; `tree` is nvstore itself.
-#[cfg(not(feature = "lmdb"))]
-pub const ENGINES: &[&str] = &["tree", "volatile", "lcb", "cdds", "fptree", "fastfair", "wbtree"];
-/// Every engine, in report order; `tree` is nvstore itself; LMDB with the
-/// `lmdb` feature.
-#[cfg(feature = "lmdb")]
+/// Every engine, in report order; `tree` is nvstore itself; LMDB and
+/// RocksDB with their cargo features.
 pub const ENGINES: &[&str] = &[
     "tree",
     "volatile",
@@ -55,8 +51,14 @@ pub const ENGINES: &[&str] = &[
     "fptree",
     "fastfair",
     "wbtree",
+    #[cfg(feature = "lmdb")]
     "lmdb",
+    #[cfg(feature = "lmdb")]
     "lmdb-batch",
+    #[cfg(feature = "rocksdb")]
+    "rocksdb",
+    #[cfg(feature = "rocksdb")]
+    "rocksdb-batch",
 ];
 
 /// The measured operation.
@@ -108,7 +110,8 @@ pub use nvstore::units::parse_size;
 #[derive(clap::Args, Clone, Debug)]
 pub struct MicroArgs {
     /// Engine: tree, volatile, lcb, cdds, fptree, fastfair, wbtree (and lmdb,
-    /// lmdb-batch with the `lmdb` feature); a comma list; or all.
+    /// lmdb-batch with the `lmdb` feature; rocksdb, rocksdb-batch with the
+    /// `rocksdb` feature); a comma list; or all.
     #[arg(long, default_value = "tree")]
     pub engine: String,
     /// Leaf format of the tree engine (baselines have their own).
@@ -293,6 +296,11 @@ pub fn engine_in<S: Space>(name: &str, space: S, path: &Path, cfg: &EngineConfig
             LMDB_MAP_SIZE,
             name == "lmdb-batch",
         )?),
+        #[cfg(feature = "rocksdb")]
+        "rocksdb" | "rocksdb-batch" => Box::new(crate::external::rocksdb::RocksDb::create(
+            &cfg.pool_dir,
+            name == "rocksdb-batch",
+        )?),
         _ => return Err(unknown_engine(name)),
     })
 }
@@ -323,6 +331,18 @@ pub fn open_engine(name: &str, cfg: &EngineConfig) -> Result<Box<dyn BenchIndex>
             &cfg.pool_dir,
             LMDB_MAP_SIZE,
             name == "lmdb-batch",
+        )?));
+    }
+    #[cfg(feature = "rocksdb")]
+    if name.starts_with("rocksdb") {
+        if cfg.key_kind == KeyKind::String {
+            return Err(Error::InvalidOption(format!(
+                "engine {name} stores 8-byte keys only; --key-kind string needs --engine tree"
+            )));
+        }
+        return Ok(Box::new(crate::external::rocksdb::RocksDb::create(
+            &cfg.pool_dir,
+            name == "rocksdb-batch",
         )?));
     }
     if name == "volatile" {

@@ -401,11 +401,12 @@ pub fn plot(args: &PlotArgs) -> Result<Vec<PathBuf>> {
                 &t,
                 false,
             )?);
-            // LMDB's writes bypass the pmem layer: its flushes are not counted.
+            // LMDB's and RocksDB's writes bypass the pmem layer: their
+            // flushes are not counted.
             let counted: Vec<&Run> = at_keys
                 .iter()
                 .copied()
-                .filter(|r| !r.engine.starts_with("lmdb"))
+                .filter(|r| !r.engine.starts_with("lmdb") && !r.engine.starts_with("rocksdb"))
                 .collect();
             let f = series_of(&counted, |r| r.node_size as f64, |r| r.flushes_per_op);
             files.extend(lines(

@@ -30,7 +30,7 @@ fn key_of(i: u64, space: u64) -> u64 {
 }
 
 fn external(name: &str) -> bool {
-    name.starts_with("lmdb")
+    name.starts_with("lmdb") || name.starts_with("rocksdb")
 }
 
 fn check_all(e: &dyn BenchIndex, m: &BTreeMap<u64, u64>, what: &str) {
@@ -93,7 +93,7 @@ fn model(e: &dyn BenchIndex, seed: u64, ops_per_phase: usize, space: u64) {
         }
         check_all(e, &m, &format!("after phase {p}"));
     }
-    // External engines (LMDB, with the `lmdb` feature) report no structure counters.
+    // External engines (LMDB, RocksDB, with their features) report no structure counters.
     if !external(e.name()) {
         assert!(e.stats().splits > 0, "{}: no split", e.name());
     }
@@ -161,5 +161,18 @@ fn sequential_and_reverse_inserts() {
             e.insert(k, v);
         }
         check_all(&*e, &m, "refilled");
+    }
+}
+
+/// RocksDB (feature `rocksdb`): both variants are in the engine list (so the
+/// tests above run them too) and pass the model on their own.
+#[cfg(feature = "rocksdb")]
+#[test]
+fn rocksdb_matches_the_model() {
+    for name in ["rocksdb", "rocksdb-batch"] {
+        assert!(ENGINES.contains(&name), "{name} missing from {ENGINES:?}");
+        let e = sim_engine(name, 4096);
+        assert_eq!(e.name(), name);
+        model(&*e, 5, 15_000, 8_000);
     }
 }

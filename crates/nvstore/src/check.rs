@@ -15,7 +15,10 @@
 //! 8. the key count equals the number of valid keys;
 //! 9. a key's versions never decrease in append order, none is newer than
 //!    the clock, and no element of a transaction without a commit record is
-//!    published (a read-only open reads below them instead).
+//!    published (a read-only open reads below them instead);
+//! 10. an nv leaf's compact prefix lies within its count and is in strictly
+//!     increasing key order (search stops at the first larger key); an isle
+//!     leaf's lines are each in strictly increasing key order, with valid codes.
 
 use std::collections::BTreeSet;
 

@@ -217,6 +217,10 @@ pub struct WorkStats {
     pub max_pool_bytes: u64,
     pub max_keys: u64,
     pub max_leaves: u64,
+    /// Most compact leaf entries (see `format/leaf_nv.rs`) seen in one tree
+    /// when a main-line Db went away: the rewritten leaves the crash images
+    /// recover carry compact prefixes.
+    pub max_compact_entries: u64,
     /// Pools created (a fresh one every 800 operations).
     pub pools: u64,
 }
@@ -827,7 +831,9 @@ impl Gen {
     /// 128, 192 and 256 bytes (the last shared with the 256-byte leaves).
     fn value(&mut self, g: u64) -> Val {
         let r = self.rng.gen_range(0..1000);
-        let len = if self.compact_values && r < 400 {
+        // Short values are often exactly 8 bytes: with an 8-byte key, an nv
+        // rewrite stores the element compact, an isle leaf a compact pair.
+        let len = if r < if self.compact_values { 400 } else { 275 } {
             8
         } else if r < 550 {
             self.rng.gen_range(0..=8)
@@ -1430,6 +1436,13 @@ impl<'c> Campaign<'c> {
         w.max_leaves = w
             .max_leaves
             .max(db.index_leaves().iter().filter(|l| l.0 != 0).count() as u64);
+        if db.leaf_format() == LeafFormat::Nv {
+            let compact: u64 = (db.leaf_offsets().iter())
+                .filter(|(off, _)| *off != 0)
+                .map(|&(off, _)| leaf_nv::Layout::read(db.space(), off).compact)
+                .sum();
+            w.max_compact_entries = w.max_compact_entries.max(compact);
+        }
     }
 
     /// Statistics and points of a main-line Db about to go away.

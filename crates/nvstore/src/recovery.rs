@@ -325,7 +325,11 @@ fn load_saved<S: Space, L: LeafFormat>(
             }
             let size = L::size(s, off);
             let count = L::count(s, off);
-            if size < leaf_nv::MIN_SIZE || !size.is_multiple_of(LINE) || size > pool - off || count > L::capacity(size)
+            if size < leaf_nv::MIN_SIZE
+                || !size.is_multiple_of(LINE)
+                || size > pool - off
+                || count > L::capacity(size)
+                || !L::layout_ok(s, off, size, count)
             {
                 return None;
             }

@@ -73,6 +73,7 @@ fn campaign_txn_finds_no_violation() {
     assert_eq!(r.violations, 0, "{}", show(&r));
     assert!(r.crash_states >= 4_000, "{}", show(&r));
     assert!(r.work.txns > 60, "{}", show(&r));
+    assert!(r.work.max_compact_entries > 0, "{}", show(&r));
     assert_all_points_covered(&r, true);
 }
 
@@ -100,6 +101,9 @@ fn campaign_one_writer_2000_ops_seed_7_finds_no_violation() {
     );
     assert!(w.huge_values > 0 && w.large_values > 0 && w.deletes_absent > 0, "{w:?}");
     assert!(w.clean_reopens > 0 && w.power_failures > 0 && w.pools > 1, "{w:?}");
+    // Rewritten leaves store settled 8-byte pairs compact: the crash images
+    // cover leaves with a compact prefix.
+    assert!(w.max_compact_entries > 0, "{w:?}");
     for kind in ["acked", "closed", "persisted", "all-in-flight", "subset", "torn"] {
         assert!(
             r.images_by_kind.contains_key(kind),

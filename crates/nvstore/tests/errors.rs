@@ -278,10 +278,17 @@ fn flush_override_and_read_only() {
 fn check_reports_corruption() {
     let d = dir();
     let p = make_pool(d.path());
-    // Find the first leaf through the header and damage one element's metadata.
+    // Walk the chain from the header to the first leaf with a full element
+    // (leaves a split built hold compact entries, which have no meta word)
+    // and damage that element's metadata.
     let mut b = std::fs::read(&p).unwrap();
-    let head = u64::from_le_bytes(b[72..80].try_into().unwrap()) as usize;
-    let meta = head + 64 + 24; // element 0's meta word
+    let word = |b: &[u8], at: usize| u64::from_le_bytes(b[at..at + 8].try_into().unwrap());
+    let mut head = word(&b, 72) as usize;
+    while word(&b, head) == word(&b, head + 24) {
+        head = word(&b, head + 8) as usize; // count == compact: next leaf
+        assert_ne!(head, 0, "no leaf with a full element");
+    }
+    let meta = head + nvstore::format::leaf_nv::full_start(word(&b, head + 24)) as usize + 24;
     b[meta + 7] = 0x7f; // invalid length nibbles
     std::fs::write(&p, &b).unwrap();
     // Clean pool: instant open succeeds, check finds the damage.

@@ -332,7 +332,14 @@ fn slots<S: Space>(s: &S, leaf: u64, size: u64) -> Vec<(Loc, Slot)> {
                 Some(_) => None,
                 None => Some(leaf::element_key(s, &words).into_boxed_slice()),
             };
-            out.push((loc, Slot { words, long_key }));
+            out.push((
+                loc,
+                Slot {
+                    words,
+                    long_key,
+                    settled: false,
+                },
+            ));
         }
     }
     out
@@ -785,6 +792,7 @@ impl LeafFormat for Isle {
                     ));
                 }
                 let x = Slot {
+                    settled: false,
                     long_key: meta
                         .key_inline
                         .is_none()

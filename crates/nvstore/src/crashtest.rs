@@ -133,6 +133,9 @@ pub struct Config {
     /// Make one op in four a write batch or transaction over several keys,
     /// which must be all or nothing in every image.
     pub txn: bool,
+    /// Workload-adaptive sizing on the main line (also after every
+    /// reopen): leaves of several sizes then coexist in every image.
+    pub adaptive: crate::Adaptive,
 }
 
 impl Default for Config {
@@ -154,6 +157,7 @@ impl Default for Config {
             max_details: 10,
             check_threads: 0,
             txn: false,
+            adaptive: crate::Adaptive::Off,
         }
     }
 }
@@ -178,6 +182,8 @@ pub struct WorkStats {
     pub max_pool_bytes: u64,
     pub max_keys: u64,
     pub max_leaves: u64,
+    /// Most distinct leaf sizes seen in one tree at once.
+    pub max_leaf_sizes: u64,
     /// Pools created (a fresh one every 800 operations).
     pub pools: u64,
 }
@@ -1307,6 +1313,7 @@ impl<'c> Campaign<'c> {
             node_size: self.cfg.node_size,
             size: self.cfg.pool_size,
             leaf: self.cfg.leaf,
+            adaptive: self.cfg.adaptive,
             ..Options::default()
         }
     }
@@ -1341,6 +1348,8 @@ impl<'c> Campaign<'c> {
         w.merges += st.merges.load(Ordering::Relaxed);
         w.rebuilds += st.rebuilds.load(Ordering::Relaxed);
         w.max_leaves = w.max_leaves.max(db.tree().index.load().leaf_count() as u64);
+        let sizes: BTreeSet<u64> = db.tree().index.load().entries().iter().map(|e| e.leaf.size).collect();
+        w.max_leaf_sizes = w.max_leaf_sizes.max(sizes.len() as u64);
     }
 
     /// Statistics and points of a main-line Db about to go away.
@@ -1602,7 +1611,10 @@ impl<'c> Campaign<'c> {
     fn reopen_main(&mut self, g: u64, image: Vec<u8>, what: &str, kind: RecoveryKind) {
         let probe = self.probe(SimSpace::from_image(image), 0x1000 + g);
         let db = match catch_unwind(AssertUnwindSafe(|| Db::open_space(probe, Path::new(PATH)))) {
-            Ok(Ok(db)) => Arc::new(db),
+            Ok(Ok(db)) => {
+                db.set_adaptive(self.cfg.adaptive);
+                Arc::new(db)
+            }
             Ok(Err(e)) => return self.violation(g, what, format!("reopen failed: {e}"), true),
             Err(p) => return self.violation(g, what, format!("reopen panicked: {}", panic_msg(&p)), true),
         };

@@ -13,6 +13,7 @@
 //!   new PLN (or a rebuilt index), mark the old leaves dead and hand their
 //!   blocks to epoch-based reclamation. Appends to other leaves go on meanwhile.
 
+pub mod adaptive;
 pub mod index;
 pub mod leaf;
 pub mod mvcc;
@@ -33,6 +34,7 @@ use crate::alloc::Allocator;
 use crate::error::{Error, Result};
 use crate::format::header;
 use crate::pmem::{points, Space};
+use adaptive::{LeafCounters, Profile, Strategy};
 use index::{Bound, Entry, Found, Index, Pln};
 use leaf::{Keep, LeafFormat, Lookup, Slot};
 use mvcc::Clock;
@@ -51,6 +53,8 @@ pub struct LeafRef {
     /// Set once the leaf has been replaced; writers that find it retry.
     pub dead: AtomicBool,
     pub lock: Mutex<()>,
+    /// Workload profile of this leaf (seed 000 Table 2), DRAM only.
+    pub counters: LeafCounters,
 }
 
 impl LeafRef {
@@ -64,6 +68,7 @@ impl LeafRef {
             durable: AtomicU64::new(count),
             dead: AtomicBool::new(false),
             lock: Mutex::new(()),
+            counters: LeafCounters::default(),
         }
     }
 }
@@ -101,6 +106,9 @@ pub struct Tree<S: Space, L: LeafFormat> {
     /// its locks, before the splitting operation goes on (crash tests use it
     /// to let another writer act inside that window).
     split_hook: Mutex<Option<SplitHook>>,
+    /// Workload-adaptive node sizing (seed 000 §5): strategy, global
+    /// counters and the cost model.
+    pub adaptive: Profile,
     _leaf: PhantomData<L>,
 }
 
@@ -120,6 +128,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
         last_ts: u64,
         path: PathBuf,
     ) -> Self {
+        let leaves = entries.len() as u64;
         Tree {
             space,
             alloc,
@@ -132,6 +141,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
             stats: TreeStats::default(),
             path,
             split_hook: Mutex::new(None),
+            adaptive: Profile::new(leaves),
             _leaf: PhantomData,
         }
     }
@@ -161,9 +171,8 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
     /// Point lookup as of timestamp `at` (a pinned snapshot's).
     pub fn get_at(&self, key: &[u8], at: u64) -> Option<Vec<u8>> {
         let _g = epoch::pin();
-        let idx = self.index.load();
-        let f = idx.find(key);
-        let leaf = &f.leaf;
+        let leaf = self.index.load().find_leaf(key);
+        self.adaptive.read(&leaf.counters);
         let n = leaf.durable.load(Ordering::Acquire);
         match L::lookup_at(&*self.space, leaf.off, n, key, at) {
             Lookup::Present(i) => Some(L::value(&*self.space, leaf.off, i)),
@@ -174,9 +183,9 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
     /// Commit timestamp of `key`'s newest element (a delete's too).
     pub fn newest_version(&self, key: &[u8]) -> Option<u64> {
         let _g = epoch::pin();
-        let f = self.index.load().find(key);
-        let n = f.leaf.durable.load(Ordering::Acquire);
-        L::newest(&*self.space, f.leaf.off, n, key, u64::MAX).map(|e| e.version)
+        let leaf = self.index.load().find_leaf(key);
+        let n = leaf.durable.load(Ordering::Acquire);
+        L::newest(&*self.space, leaf.off, n, key, u64::MAX).map(|e| e.version)
     }
 
     /// Inserts or updates. Durable when it returns.
@@ -192,10 +201,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
         };
         loop {
             let guard = epoch::pin();
-            let idx = self.index.load();
-            let f = idx.find(key);
-            let leaf = f.leaf.clone();
-            drop(idx);
+            let leaf = self.index.load().find_leaf(key);
             let lk = leaf.lock.lock();
             if leaf.dead.load(Ordering::Acquire) {
                 continue;
@@ -224,6 +230,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
                 None => L::append(&*self.space, leaf.off, n, &[new]),
             }
             leaf.durable.store(n + need, Ordering::Release);
+            self.adaptive.wrote(&leaf.counters, need);
             drop(w);
             drop(lk);
             if old.is_none() {
@@ -239,8 +246,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
         check_key(key)?;
         loop {
             let guard = epoch::pin();
-            let f = self.index.load().find(key);
-            let leaf = f.leaf;
+            let leaf = self.index.load().find_leaf(key);
             let lk = leaf.lock.lock();
             if leaf.dead.load(Ordering::Acquire) {
                 continue;
@@ -261,6 +267,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
             let w = self.clock.begin_write();
             L::append(&*self.space, leaf.off, n, &[leaf::negate(old.words, w.ts, false)]);
             leaf.durable.store(n + 1, Ordering::Release);
+            self.adaptive.wrote(&leaf.counters, 1);
             drop(w);
             drop(lk);
             self.keys.fetch_sub(1, Ordering::Relaxed);
@@ -351,11 +358,21 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
             self.stats.replaces.fetch_add(1, Ordering::Relaxed);
         }
 
+        // Profile of the new leaves (seed 000 Table 3): halves of the old
+        // leaf's counters after a split, all of them after a replace, the
+        // sum of both after a merge.
+        let (mut w, mut r) = leaf.counters.get();
+        if let Some((m, _)) = &merged {
+            let (mw, mr) = m.leaf.counters.get();
+            (w, r) = (w + mw, r + mr);
+        }
+        let parts = new_entries.len() as u64;
+        let target = self.new_leaf_size(leaf.size, (w, r));
         // Allocate every new leaf first, so a full pool fails before any change.
         let replaced = new_entries.len() == 1 && merged.is_none();
         let sizes: Vec<u64> = new_entries
             .iter()
-            .map(|(_, _, es)| self.leaf_size_for(es.len() + if replaced { need as usize } else { 0 }))
+            .map(|(_, _, es)| self.leaf_size_for(es.len() + if replaced { need as usize } else { 0 }, target))
             .collect();
         let mut offs = Vec::with_capacity(new_entries.len());
         for &size in &sizes {
@@ -390,17 +407,27 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
         let fresh: Vec<Entry> = new_entries
             .iter()
             .zip(offs.iter().zip(&sizes))
-            .map(|((max, _, elems), (&off, &size))| Entry {
-                max: max.clone(),
-                leaf: Arc::new(LeafRef::with(off, size, elems.len() as u64)),
+            .map(|((max, _, elems), (&off, &size))| {
+                let l = LeafRef::with(off, size, elems.len() as u64);
+                l.counters.writes.store(w / parts, Ordering::Relaxed);
+                l.counters.reads.store(r / parts, Ordering::Relaxed);
+                Entry {
+                    max: max.clone(),
+                    leaf: Arc::new(l),
+                }
             })
             .collect();
         let pln = idx.plns[f.pln].load();
         let remove = if merged.is_some() { 2 } else { 1 };
+        self.adaptive.leaves.fetch_add(parts, Ordering::Relaxed);
+        self.adaptive.leaves.fetch_sub(remove as u64, Ordering::Relaxed);
         let mut entries = pln.entries.clone();
         entries.splice(f.pos..f.pos + remove, fresh);
-        if entries.len() <= idx.pln_limit {
-            idx.plns[f.pln].store(Arc::new(Pln { entries }));
+        if entries.len() <= pln.limit {
+            idx.plns[f.pln].store(Arc::new(Pln {
+                entries,
+                limit: pln.limit,
+            }));
         } else {
             self.rebuild_from_plns(&idx, f.pln, entries);
         }
@@ -430,14 +457,38 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
         Ok(true)
     }
 
-    /// Size of a new leaf for `elems` elements: the node size, or larger
-    /// when they would leave it without room for one more update.
-    fn leaf_size_for(&self, elems: usize) -> u64 {
-        let mut size = self.node_size;
+    /// Size of a new leaf for `elems` elements: `target`, or larger when
+    /// they would leave it without room for one more update.
+    fn leaf_size_for(&self, elems: usize, target: u64) -> u64 {
+        let mut size = target;
         while L::capacity(size) < elems as u64 + 2 {
             size *= 2;
         }
         size
+    }
+
+    /// The size for the leaves that replace a full leaf of `size` bytes
+    /// with profile `(writes, reads)`: the node size when adaptivity is
+    /// off, else Algorithm 3 bounded by the model (seed 000 §5.3–5.4).
+    fn new_leaf_size(&self, size: u64, profile: (u64, u64)) -> u64 {
+        let s = self.adaptive.strategy();
+        if s == Strategy::Off {
+            return self.node_size;
+        }
+        let c = self.adaptive.counts(profile);
+        let new = self.adaptive.model().new_size(s, size, &c);
+        match new.cmp(&size) {
+            std::cmp::Ordering::Greater => self.adaptive.enlarged.fetch_add(1, Ordering::Relaxed),
+            std::cmp::Ordering::Less => self.adaptive.shrunk.fetch_add(1, Ordering::Relaxed),
+            std::cmp::Ordering::Equal => 0,
+        };
+        new
+    }
+
+    /// Selects the adaptive strategy from now on (profiling starts and
+    /// stops with it).
+    pub fn set_adaptive(&self, s: Strategy) {
+        self.adaptive.set_strategy(s);
     }
 
     /// Installs (or removes) the split hook. For crash tests only.
@@ -458,7 +509,9 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
                 all.extend(pln.load().entries.iter().cloned());
             }
         }
-        self.index.store(Arc::new(Index::build(all, idx.generation + 1)));
+        let new = Index::build_adaptive(all, idx.generation + 1, self.adaptive.on());
+        self.adaptive.hot_plns.fetch_add(new.hot_plns as u64, Ordering::Relaxed);
+        self.index.store(Arc::new(new));
         self.stats.rebuilds.fetch_add(1, Ordering::Relaxed);
         self.stats
             .rebuild_ns
@@ -665,6 +718,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
                             L::append(&*self.space, leaf.off, n, &elems);
                         }
                         leaf.durable.store(n + elems.len() as u64, Ordering::Release);
+                        self.adaptive.wrote(&leaf.counters, elems.len() as u64);
                         self.keys.fetch_add(p.delta, Ordering::Relaxed);
                         let ts = w.ts;
                         drop(w);
@@ -754,7 +808,8 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
                 self.stats.multi_leaf_commits.fetch_add(1, Ordering::Relaxed);
             }
             for ((leaf, _), n) in groups.iter().zip(counts) {
-                leaf.durable.store(n, Ordering::Release);
+                let before = leaf.durable.swap(n, Ordering::Release);
+                self.adaptive.wrote(&leaf.counters, n - before);
             }
             self.keys.fetch_add(delta, Ordering::Relaxed);
             let ts = w.ts;

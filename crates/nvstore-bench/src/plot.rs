@@ -194,13 +194,16 @@ fn read_results(dir: &Path) -> Result<(Vec<Run>, Vec<YcsbRun>, Vec<AdaptiveRun>)
     Ok((runs, ycsb, adaptive))
 }
 
+/// Per strategy, in report order (off first): `(rank, name)`.
+type ByStrategy<T> = BTreeMap<(usize, String), T>;
+
 /// The `bench adaptive` figures.
 fn adaptive_figures(out: &Path, rs: &[AdaptiveRun]) -> Result<Vec<PathBuf>> {
     let mut files = Vec::new();
     let order = ["off", "conservative", "aggressive", "balanced"];
     let rank = |s: &str| order.iter().position(|o| *o == s).unwrap_or(order.len());
     // Over time, per (workload, locality, node size, shift); the last run of each strategy wins.
-    let mut groups: BTreeMap<(String, String, u64, String), BTreeMap<(usize, String), &AdaptiveRun>> = BTreeMap::new();
+    let mut groups: BTreeMap<(String, String, u64, String), ByStrategy<&AdaptiveRun>> = BTreeMap::new();
     for r in rs {
         let shift = r.shift_at.map_or(String::new(), |s| format!("_shift{}", trim(s)));
         groups
@@ -232,7 +235,9 @@ fn adaptive_figures(out: &Path, rs: &[AdaptiveRun]) -> Result<Vec<PathBuf>> {
         )?);
     }
     // Against locality, per (workload, node size), without shifts.
-    let mut by_loc: BTreeMap<(String, u64), BTreeMap<(usize, String), BTreeMap<String, (f64, f64)>>> = BTreeMap::new();
+    // Per locality (as text, for the key): (locality, last-interval ops/s).
+    type Points = BTreeMap<String, (f64, f64)>;
+    let mut by_loc: BTreeMap<(String, u64), ByStrategy<Points>> = BTreeMap::new();
     for r in rs.iter().filter(|r| r.shift_at.is_none()) {
         by_loc
             .entry((r.workload.clone(), r.node_size))

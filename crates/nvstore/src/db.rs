@@ -150,7 +150,7 @@ impl Db<FileSpace> {
         };
         if let OpenMode::Create { size } = mode {
             let db = Db::create_file(path, size, &opts)?;
-            db.start_adaptive(opts.adaptive, opts.latency_ns)?;
+            db.start_adaptive(opts.adaptive, opts.latency_ns);
             return Ok(db);
         }
         let fo = crate::pmem::file::FileOptions {
@@ -163,33 +163,36 @@ impl Db<FileSpace> {
         };
         let space = FileSpace::open(path, &fo)?;
         let db = Db::open_space(space, path)?;
-        db.start_adaptive(opts.adaptive, opts.latency_ns)?;
+        db.start_adaptive(opts.adaptive, opts.latency_ns);
         Ok(db)
     }
 
     /// Turns adaptivity on with the cost model of this medium: the one
     /// cached in the header for this `latency_ns`, else a fresh
     /// calibration, cached when the pool is writable.
-    fn start_adaptive(&self, s: Strategy, latency_ns: u64) -> Result<()> {
+    fn start_adaptive(&self, s: Strategy, latency_ns: u64) {
         if s != Strategy::Off {
             let space = &*self.tree.space;
             let off = header::CALIBRATION_OFF;
             let cached = Model::decode([space.load(off), space.load(off + 8)], latency_ns);
             let model = match cached {
                 Some(m) => m,
-                None if space.writable() => {
-                    let m = adaptive::calibrate(space, &self.tree.alloc)?;
-                    let [a, b] = m.encode(latency_ns);
-                    header::set_root(space, off, a);
-                    header::set_root(space, off + 8, b);
-                    m
-                }
+                // A pool too full for the scratch block still opens.
+                None if space.writable() => match adaptive::calibrate(space, &self.tree.alloc) {
+                    Ok(m) => {
+                        let [a, b] = m.encode(latency_ns);
+                        header::set_root(space, off, a);
+                        header::set_root(space, off + 8, b);
+                        // As the next open will read it back.
+                        Model::decode([a, b], latency_ns).unwrap_or(m)
+                    }
+                    Err(_) => Model::default(),
+                },
                 None => Model::default(),
             };
             self.tree.adaptive.set_model(model);
         }
         self.set_adaptive(s);
-        Ok(())
     }
 
     /// Writes a new pool under a temporary name and renames it into place

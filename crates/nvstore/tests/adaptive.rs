@@ -137,3 +137,44 @@ fn mixed_sizes_survive_clean_reopen_and_crash() {
     assert_same(&db, &m);
     assert_eq!(leaf_sizes(&db), before);
 }
+
+/// The model is measured at the first open with adaptivity on, cached in
+/// the header, reused by the next open, and measured again when the
+/// emulated latency changes.
+#[test]
+fn calibration_is_cached_in_the_header_per_latency() {
+    use nvstore::format::header::CALIBRATION_OFF;
+    use nvstore::pmem::Space;
+    use nvstore::tree::adaptive::Model;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("cal.nvs");
+    let words = |db: &Db| [db.space().load(CALIBRATION_OFF), db.space().load(CALIBRATION_OFF + 8)];
+    let off = Db::open(&path, opts(Adaptive::Off)).unwrap();
+    assert_eq!(words(&off), [0, 0], "adaptivity off measures nothing");
+    off.close().unwrap();
+    let db = Db::open(&path, opts(Adaptive::Balanced)).unwrap();
+    let first = words(&db);
+    assert_eq!(Model::decode(first, 0), Some(db.adaptive_model()));
+    db.close().unwrap();
+    let db = Db::open(&path, opts(Adaptive::Balanced)).unwrap();
+    assert_eq!(words(&db), first, "the cached model is reused");
+    db.close().unwrap();
+    let db = Db::open(
+        &path,
+        Options {
+            latency_ns: 500,
+            ..opts(Adaptive::Aggressive)
+        },
+    )
+    .unwrap();
+    let slow = words(&db);
+    assert!(Model::decode(slow, 500).is_some() && Model::decode(slow, 0).is_none());
+    // 500 ns per flushed line: an 8 KiB write (128 lines) costs far more.
+    assert!(
+        db.adaptive_model().t_w(8192) > 128.0 * 400.0,
+        "{:?}",
+        db.adaptive_model()
+    );
+    let r = db.check();
+    assert!(r.ok, "{r:?}");
+}

@@ -1,13 +1,14 @@
 //! Benchmarks (DESIGN §14): the papers' experiments on one persistent-memory
 //! layer, so flush counts compare honestly across engines.
 //!
-//! Entry points for the CLI (`nvstore bench micro|compare|ycsb|plot`):
+//! Entry points for the CLI (`nvstore bench micro|compare|ycsb|adaptive|plot`):
 //! [`micro::MicroArgs`] / [`micro::micro_main`] and [`micro::CompareArgs`] /
 //! [`micro::compare_main`]; [`micro::run_micro`] and [`micro::run_compare`]
 //! return the results without printing.
 
 #![deny(unsafe_code)]
 
+pub mod adaptive;
 pub mod baselines;
 pub mod engine;
 pub mod external;
@@ -15,6 +16,7 @@ pub mod micro;
 pub mod plot;
 pub mod ycsb;
 
+pub use adaptive::{adaptive_main, run_adaptive, AdaptiveArgs, AdaptiveResult, AdaptiveWorkload};
 pub use engine::{BenchIndex, EngineStats, KeyKind};
 pub use micro::{
     compare_main, micro_main, run_compare, run_micro, CompareArgs, CompareResult, MicroArgs, MicroResult, Op,

@@ -15,7 +15,13 @@
 //!   mixed-workload bars (Fig. 12; results carrying a `read_ratio` are
 //!   split by it);
 //! - `ycsb_throughput`: run-phase throughput per workload, one bar per
-//!   target (NV-Store's YCSB figure).
+//!   target (NV-Store's YCSB figure);
+//! - `adaptive_WORKLOAD_LOCALITY_NODE[_shiftS]`: throughput per interval,
+//!   one line per strategy, from `bench adaptive` (NV-Tree Fig. 13, 16);
+//! - `adaptive_vs_locality_WORKLOAD_NODE`: last-interval throughput of
+//!   each strategy against locality, when several were run (Fig. 14, 15);
+//! - `adaptive_rebuild_ms_NODE`: rebuild time per strategy of
+//!   `--workload seq-insert` runs (Fig. 17).
 //!
 //! Text is drawn with a TrueType font loaded at run time (DejaVu Sans or
 //! Liberation Sans from the usual system paths, or `NVSTORE_PLOT_FONT`).
@@ -33,7 +39,7 @@ use nvstore::{Error, Result};
 /// `nvstore bench plot` flags.
 #[derive(clap::Args, Clone, Debug)]
 pub struct PlotArgs {
-    /// Directory of JSON results (`--out DIR` of micro, compare and ycsb).
+    /// Directory of JSON results (`--out DIR` of micro, compare, ycsb and adaptive).
     pub dir: PathBuf,
     /// Where to write the figures (default: DIR/figures).
     #[arg(long)]
@@ -82,6 +88,20 @@ struct Run {
     flushes_per_op: f64,
 }
 
+/// One strategy's line of `bench adaptive`.
+#[derive(Clone, Debug)]
+struct AdaptiveRun {
+    strategy: String,
+    workload: String,
+    locality: f64,
+    node_size: u64,
+    interval_sec: f64,
+    shift_at: Option<f64>,
+    intervals: Vec<f64>,
+    last: f64,
+    rebuild_ms: f64,
+}
+
 #[derive(Clone, Debug)]
 struct YcsbRun {
     workload: String,
@@ -90,9 +110,10 @@ struct YcsbRun {
 }
 
 /// Reads every `*.jsonl` / `*.json` file of `dir` (one object per line).
-fn read_results(dir: &Path) -> Result<(Vec<Run>, Vec<YcsbRun>)> {
+fn read_results(dir: &Path) -> Result<(Vec<Run>, Vec<YcsbRun>, Vec<AdaptiveRun>)> {
     let mut runs = Vec::new();
     let mut ycsb = Vec::new();
+    let mut adaptive = Vec::new();
     let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
         .map_err(|e| Error::io(dir, e))?
         .filter_map(|e| e.ok().map(|e| e.path()))
@@ -108,6 +129,28 @@ fn read_results(dir: &Path) -> Result<(Vec<Run>, Vec<YcsbRun>)> {
             let s = |k: &str| v.get(k).and_then(Value::as_str).map(str::to_string);
             let u = |k: &str| v.get(k).and_then(Value::as_u64);
             let fl = |k: &str| v.get(k).and_then(Value::as_f64);
+            if s("bench").as_deref() == Some("adaptive") {
+                if let (Some(strategy), Some(workload), Some(locality), Some(node_size), Some(intervals)) = (
+                    s("strategy"),
+                    s("workload"),
+                    fl("locality"),
+                    u("node_size"),
+                    v.get("intervals").and_then(Value::as_array),
+                ) {
+                    adaptive.push(AdaptiveRun {
+                        strategy,
+                        workload,
+                        locality,
+                        node_size,
+                        interval_sec: fl("interval_sec").unwrap_or(1.0),
+                        shift_at: fl("shift_at_sec"),
+                        intervals: intervals.iter().filter_map(Value::as_f64).collect(),
+                        last: fl("last_interval_ops_per_sec").unwrap_or(0.0),
+                        rebuild_ms: fl("rebuild_ms").unwrap_or(0.0),
+                    });
+                }
+                continue;
+            }
             if s("bench").as_deref() == Some("ycsb") {
                 if let (Some(workload), Some(target), Some(ops_per_sec)) =
                     (s("workload"), s("target"), fl("ops_per_sec"))
@@ -148,7 +191,104 @@ fn read_results(dir: &Path) -> Result<(Vec<Run>, Vec<YcsbRun>)> {
             });
         }
     }
-    Ok((runs, ycsb))
+    Ok((runs, ycsb, adaptive))
+}
+
+/// Per strategy, in report order (off first): `(rank, name)`.
+type ByStrategy<T> = BTreeMap<(usize, String), T>;
+
+/// The `bench adaptive` figures.
+fn adaptive_figures(out: &Path, rs: &[AdaptiveRun]) -> Result<Vec<PathBuf>> {
+    let mut files = Vec::new();
+    let order = ["off", "conservative", "aggressive", "balanced"];
+    let rank = |s: &str| order.iter().position(|o| *o == s).unwrap_or(order.len());
+    // Over time, per (workload, locality, node size, shift); the last run of each strategy wins.
+    let mut groups: BTreeMap<(String, String, u64, String), ByStrategy<&AdaptiveRun>> = BTreeMap::new();
+    for r in rs {
+        let shift = r.shift_at.map_or(String::new(), |s| format!("_shift{}", trim(s)));
+        groups
+            .entry((r.workload.clone(), trim(r.locality), r.node_size, shift))
+            .or_default()
+            .insert((rank(&r.strategy), r.strategy.clone()), r);
+    }
+    for ((w, loc, ns, shift), by) in &groups {
+        let series: Series = by
+            .iter()
+            .map(|((_, name), r)| {
+                let pts = r
+                    .intervals
+                    .iter()
+                    .enumerate()
+                    .map(|(i, v)| ((i + 1) as f64 * r.interval_sec, *v))
+                    .collect();
+                (name.clone(), pts)
+            })
+            .collect();
+        files.extend(lines(
+            out,
+            &format!("adaptive_{w}_{loc}_{ns}{shift}"),
+            &format!("{w}, {loc}% locality, {ns} B nodes: throughput over time"),
+            "seconds",
+            "operations / s",
+            &series,
+            false,
+        )?);
+    }
+    // Against locality, per (workload, node size), without shifts.
+    // Per locality (as text, for the key): (locality, last-interval ops/s).
+    type Points = BTreeMap<String, (f64, f64)>;
+    let mut by_loc: BTreeMap<(String, u64), ByStrategy<Points>> = BTreeMap::new();
+    for r in rs.iter().filter(|r| r.shift_at.is_none()) {
+        by_loc
+            .entry((r.workload.clone(), r.node_size))
+            .or_default()
+            .entry((rank(&r.strategy), r.strategy.clone()))
+            .or_default()
+            .insert(trim(r.locality), (r.locality, r.last));
+    }
+    for ((w, ns), by) in &by_loc {
+        if by.values().all(|pts| pts.len() < 2) {
+            continue;
+        }
+        let series: Series = by
+            .iter()
+            .map(|((_, name), pts)| {
+                let mut v: Vec<(f64, f64)> = pts.values().copied().collect();
+                v.sort_by(|a, b| a.0.total_cmp(&b.0));
+                (name.clone(), v)
+            })
+            .collect();
+        files.extend(lines(
+            out,
+            &format!("adaptive_vs_locality_{w}_{ns}"),
+            &format!("{w}, {ns} B nodes: last-interval throughput against locality"),
+            "hot zone (% of keys)",
+            "operations / s",
+            &series,
+            true,
+        )?);
+    }
+    // Rebuild time of sequential inserts (Fig. 17), per node size.
+    let mut rebuild: BTreeMap<u64, BTreeMap<(usize, String), f64>> = BTreeMap::new();
+    for r in rs.iter().filter(|r| r.workload == "seq-insert") {
+        rebuild
+            .entry(r.node_size)
+            .or_default()
+            .insert((rank(&r.strategy), r.strategy.clone()), r.rebuild_ms);
+    }
+    for (ns, by) in &rebuild {
+        let cats: Vec<String> = by.keys().map(|(_, n)| n.clone()).collect();
+        let vals: Vec<f64> = by.values().copied().collect();
+        files.extend(bars(
+            out,
+            &format!("adaptive_rebuild_ms_{ns}"),
+            &format!("sequential inserts, {ns} B nodes: rebuild time"),
+            "milliseconds",
+            &cats,
+            &[("rebuild ms".to_string(), vals)],
+        )?);
+    }
+    Ok(files)
 }
 
 /// 1.5M, 250k, 4096, 2.5: axis labels.
@@ -372,8 +512,8 @@ fn series_of(runs: &[&Run], x: impl Fn(&Run) -> f64, y: impl Fn(&Run) -> f64) ->
 /// Draws every figure the results in `args.dir` support; returns the files written.
 pub fn plot(args: &PlotArgs) -> Result<Vec<PathBuf>> {
     ensure_font()?;
-    let (runs, ycsb) = read_results(&args.dir)?;
-    if runs.is_empty() && ycsb.is_empty() {
+    let (runs, ycsb, adaptive) = read_results(&args.dir)?;
+    if runs.is_empty() && ycsb.is_empty() && adaptive.is_empty() {
         return Err(Error::InvalidOption(format!(
             "{}: no benchmark results (*.jsonl from --out) found",
             args.dir.display()
@@ -488,6 +628,7 @@ pub fn plot(args: &PlotArgs) -> Result<Vec<PathBuf>> {
             &series,
         )?);
     }
+    files.extend(adaptive_figures(&out, &adaptive)?);
     Ok(files)
 }
 

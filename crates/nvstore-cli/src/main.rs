@@ -104,7 +104,7 @@ enum Cmd {
     Crashtest(CrashtestArgs),
     /// Try nvstore: insert, read back, scan, delete, check, close and reopen a pool, and report.
     Demo(demo::DemoArgs),
-    /// Benchmarks: the papers' experiments against baseline trees (`micro`, `compare`, `ycsb`, `plot`).
+    /// Benchmarks: the papers' experiments against baseline trees (`micro`, `compare`, `ycsb`, `adaptive`, `plot`).
     #[command(subcommand)]
     Bench(BenchCmd),
     /// Serve a pool over the Redis protocol (RESP2/RESP3) until SIGINT, SIGTERM or SHUTDOWN.
@@ -119,6 +119,8 @@ enum BenchCmd {
     Compare(nvstore_bench::CompareArgs),
     /// YCSB core workloads A-F against the embedded engine or a Redis-protocol server.
     Ycsb(nvstore_bench::YcsbArgs),
+    /// Workload-adaptive node sizing: throughput per interval for each strategy and off (NV-Tree Fig. 13-17).
+    Adaptive(nvstore_bench::AdaptiveArgs),
     /// Draw the papers' figures (SVG and PNG) from the JSON results in a directory.
     Plot(nvstore_bench::PlotArgs),
 }
@@ -205,6 +207,9 @@ struct CrashtestArgs {
     /// keys, which every crash image must show whole or not at all.
     #[arg(long)]
     txn: bool,
+    /// Workload-adaptive node sizing on the main line (leaves of several sizes coexist).
+    #[arg(long, default_value = "off")]
+    adaptive: nvstore::Adaptive,
     /// Print the report as one JSON object.
     #[arg(long)]
     json: bool,
@@ -345,6 +350,7 @@ fn bench(b: BenchCmd) -> CmdResult {
         BenchCmd::Micro(a) => nvstore_bench::micro_main(a, &mut out).map(|_| ()),
         BenchCmd::Compare(a) => nvstore_bench::compare_main(a, &mut out).map(|_| ()),
         BenchCmd::Ycsb(a) => nvstore_bench::ycsb_main(a, &mut out).map(|_| ()),
+        BenchCmd::Adaptive(a) => nvstore_bench::adaptive_main(a, &mut out).map(|_| ()),
         BenchCmd::Plot(a) => nvstore_bench::plot_main(a, &mut out).map(|_| ()),
     };
     r.map_err(|e| Fail::error(e.to_string()))
@@ -728,6 +734,7 @@ fn crashtest(a: CrashtestArgs) -> CmdResult {
         threads: a.threads,
         drop: a.drop.clone(),
         txn: a.txn,
+        adaptive: a.adaptive,
         node_size: match a.node_size {
             Some(n) => u32::try_from(n).map_err(|_| Fail::error(format!("node size {n} is too large")))?,
             None => crashtest::Config::default_node_size(leaf),

@@ -35,6 +35,9 @@ pub struct ServeArgs {
     /// Largest bulk argument accepted in a request (Redis' proto-max-bulk-len).
     #[arg(long, default_value = "512MiB", value_parser = parse_size)]
     pub max_bulk: u64,
+    /// Workload-adaptive node sizing: off, conservative, aggressive or balanced.
+    #[arg(long, default_value_t = nvstore::db::DEFAULT_ADAPTIVE)]
+    pub adaptive: nvstore::Adaptive,
 }
 
 impl ServeArgs {
@@ -49,6 +52,7 @@ impl ServeArgs {
             threads: self.threads.unwrap_or(d.threads),
             requirepass: self.requirepass,
             maxclients: self.maxclients,
+            adaptive: self.adaptive,
             limits: Limits {
                 max_bulk: usize::try_from(self.max_bulk).unwrap_or(usize::MAX),
                 ..d.limits

@@ -44,6 +44,8 @@ pub struct Config {
     pub requirepass: Option<String>,
     pub maxclients: usize,
     pub limits: Limits,
+    /// Workload-adaptive node sizing strategy (seed 000 §5).
+    pub adaptive: nvstore::Adaptive,
 }
 
 impl Default for Config {
@@ -58,6 +60,7 @@ impl Default for Config {
             requirepass: None,
             maxclients: 10_000,
             limits: Limits::default(),
+            adaptive: nvstore::db::DEFAULT_ADAPTIVE,
         }
     }
 }
@@ -85,6 +88,7 @@ pub fn serve(cfg: Config) -> Result<(), String> {
     let opts = nvstore::Options {
         size: cfg.size,
         max_size: cfg.max_size.max(cfg.size),
+        adaptive: cfg.adaptive,
         ..Default::default()
     };
     let t = Instant::now();

@@ -133,6 +133,9 @@ pub struct Config {
     /// Make one op in four a write batch or transaction over several keys,
     /// which must be all or nothing in every image.
     pub txn: bool,
+    /// Workload-adaptive sizing on the main line (also after every
+    /// reopen): leaves of several sizes then coexist in every image.
+    pub adaptive: crate::Adaptive,
 }
 
 impl Config {
@@ -193,6 +196,7 @@ impl Default for Config {
             max_details: 10,
             check_threads: 0,
             txn: false,
+            adaptive: crate::Adaptive::Off,
         }
     }
 }
@@ -221,6 +225,8 @@ pub struct WorkStats {
     /// when a main-line Db went away: the rewritten leaves the crash images
     /// recover carry compact prefixes.
     pub max_compact_entries: u64,
+    /// Most distinct leaf sizes seen in one tree at once.
+    pub max_leaf_sizes: u64,
     /// Pools created (a fresh one every 800 operations).
     pub pools: u64,
 }
@@ -1400,6 +1406,7 @@ impl<'c> Campaign<'c> {
             node_size: self.cfg.node_size,
             size: self.cfg.pool_size,
             leaf: self.cfg.leaf,
+            adaptive: self.cfg.adaptive,
             ..Options::default()
         }
     }
@@ -1443,6 +1450,8 @@ impl<'c> Campaign<'c> {
                 .sum();
             w.max_compact_entries = w.max_compact_entries.max(compact);
         }
+        let sizes: BTreeSet<u64> = db.index_leaves().iter().map(|l| l.1).collect();
+        w.max_leaf_sizes = w.max_leaf_sizes.max(sizes.len() as u64);
     }
 
     /// Statistics and points of a main-line Db about to go away.
@@ -1704,7 +1713,10 @@ impl<'c> Campaign<'c> {
     fn reopen_main(&mut self, g: u64, image: Vec<u8>, what: &str, kind: RecoveryKind) {
         let probe = self.probe(SimSpace::from_image(image), 0x1000 + g);
         let db = match catch_unwind(AssertUnwindSafe(|| Db::open_space(probe, Path::new(PATH)))) {
-            Ok(Ok(db)) => Arc::new(db),
+            Ok(Ok(db)) => {
+                db.set_adaptive(self.cfg.adaptive);
+                Arc::new(db)
+            }
             Ok(Err(e)) => return self.violation(g, what, format!("reopen failed: {e}"), true),
             Err(p) => return self.violation(g, what, format!("reopen panicked: {}", panic_msg(&p)), true),
         };

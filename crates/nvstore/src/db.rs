@@ -10,6 +10,7 @@ use crate::error::{Error, Result};
 use crate::format::header::{self, Header, LeafFormat, VERSION};
 use crate::pmem::{FileSpace, FlushKind, OpenMode, Space};
 use crate::recovery::{self, Recovery, RecoveryKind};
+use crate::tree::adaptive::{self, Model, Strategy};
 use crate::tree::isle::Isle;
 use crate::tree::leaf::{LeafFormat as _, Nv};
 use crate::tree::{RangeIter, SplitHook, Tree, TreeStats};
@@ -18,6 +19,10 @@ use crate::tree::{RangeIter, SplitHook, Tree, TreeStats};
 pub const CHUNK_SIZE: u64 = 64 * 1024;
 /// Smallest pool: the header area and three chunks.
 pub const MIN_POOL: u64 = 4 * CHUNK_SIZE;
+
+/// The strategy [`Options::adaptive`] defaults to (README, "Workload-adaptive
+/// node sizing", says why).
+pub const DEFAULT_ADAPTIVE: Strategy = Strategy::Balanced;
 
 /// How to open or create a pool.
 #[derive(Clone, Debug)]
@@ -40,6 +45,10 @@ pub struct Options {
     pub read_only: bool,
     /// Never try `MAP_SYNC`.
     pub force_shared: bool,
+    /// Workload-adaptive node sizing (seed 000 §5): which strategy picks
+    /// the size of the leaves that replace a full one. Not stored in the
+    /// pool; each open chooses.
+    pub adaptive: Strategy,
 }
 
 impl Default for Options {
@@ -54,6 +63,7 @@ impl Default for Options {
             latency_ns: 0,
             read_only: false,
             force_shared: false,
+            adaptive: DEFAULT_ADAPTIVE,
         }
     }
 }
@@ -156,7 +166,9 @@ impl Db<FileSpace> {
             OpenMode::Open
         };
         if let OpenMode::Create { size } = mode {
-            return Db::create_file(path, size, &opts);
+            let db = Db::create_file(path, size, &opts)?;
+            db.start_adaptive(opts.adaptive, opts.latency_ns);
+            return Ok(db);
         }
         let fo = crate::pmem::file::FileOptions {
             mode,
@@ -167,7 +179,37 @@ impl Db<FileSpace> {
             name: None,
         };
         let space = FileSpace::open(path, &fo)?;
-        Db::open_space(space, path)
+        let db = Db::open_space(space, path)?;
+        db.start_adaptive(opts.adaptive, opts.latency_ns);
+        Ok(db)
+    }
+
+    /// Turns adaptivity on with the cost model of this medium: the one
+    /// cached in the header for this `latency_ns`, else a fresh
+    /// calibration, cached when the pool is writable.
+    fn start_adaptive(&self, s: Strategy, latency_ns: u64) {
+        if s != Strategy::Off {
+            let space = self.space();
+            let off = header::CALIBRATION_OFF;
+            let cached = Model::decode([space.load(off), space.load(off + 8)], latency_ns);
+            let model = match cached {
+                Some(m) => m,
+                // A pool too full for the scratch block still opens.
+                None if space.writable() => match adaptive::calibrate(space, with_tree!(self, t => &t.alloc)) {
+                    Ok(m) => {
+                        let [a, b] = m.encode(latency_ns);
+                        header::set_root(space, off, a);
+                        header::set_root(space, off + 8, b);
+                        // As the next open will read it back.
+                        Model::decode([a, b], latency_ns).unwrap_or(m)
+                    }
+                    Err(_) => Model::default(),
+                },
+                None => Model::default(),
+            };
+            with_tree!(self, t => t.adaptive.set_model(model));
+        }
+        self.set_adaptive(s);
     }
 
     /// Writes a new pool under a temporary name and renames it into place
@@ -260,6 +302,10 @@ impl<S: Space> Db<S> {
             kind: RecoveryKind::Created,
             millis: t.elapsed().as_secs_f64() * 1e3,
         };
+        match &engine {
+            Engine::Nv(t) => t.set_adaptive(opts.adaptive),
+            Engine::Isle(t) => t.set_adaptive(opts.adaptive),
+        }
         Ok(Db {
             engine,
             header: h,
@@ -291,6 +337,18 @@ impl<S: Space> Db<S> {
             was_clean,
             closed: false,
         })
+    }
+
+    /// Selects the adaptive strategy from now on. Pools opened from a file
+    /// get it from [`Options::adaptive`] with a calibrated model; this keeps
+    /// the model in use (the default one on simulated spaces).
+    pub fn set_adaptive(&self, s: Strategy) {
+        with_tree!(self, t => t.set_adaptive(s))
+    }
+
+    /// The cost model adaptivity uses.
+    pub fn adaptive_model(&self) -> Model {
+        with_tree!(self, t => t.adaptive.model())
     }
 
     /// Pool facts and engine counters.

@@ -45,4 +45,5 @@ pub use db::{Db, Options, Stat};
 pub use error::{Error, Result};
 pub use format::header::LeafFormat;
 pub use recovery::{Recovery, RecoveryKind};
+pub use tree::adaptive::Strategy as Adaptive;
 pub use txn::{Snapshot, Txn, WriteBatch};

@@ -57,6 +57,26 @@ fn campaign_two_writers_finds_no_violation() {
     assert_all_points_covered(&r, true);
 }
 
+/// Adaptivity on (seed 000 §5): leaves of several sizes coexist, are made
+/// by splits, replaces and merges, and are recovered from every image.
+#[test]
+fn campaign_with_adaptive_leaf_sizes_finds_no_violation() {
+    for (adaptive, seed) in [(nvstore::Adaptive::Balanced, 21), (nvstore::Adaptive::Aggressive, 22)] {
+        let r = crashtest::run(&Config {
+            ops: 900,
+            seed,
+            keys: 60,
+            adaptive,
+            ..Config::default()
+        });
+        println!("{adaptive}: {}", show(&r));
+        assert_eq!(r.violations, 0, "{}", show(&r));
+        assert!(r.crash_states >= 3_000, "{}", show(&r));
+        assert!(r.work.max_leaf_sizes >= 2, "leaves of one size only: {}", show(&r));
+        assert!(r.work.splits + r.work.replaces > 10, "{}", show(&r));
+    }
+}
+
 /// Write batches and transactions over several leaves are all or nothing
 /// in every crash image, also after a crash inside recovery's undo of an
 /// unfinished one. (The acceptance run, `nvstore crashtest --txn --ops 1000

@@ -40,9 +40,12 @@ impl Key {
 impl<S: Space> TreeEngine<S> {
     /// Writes a fresh pool into the zeroed `space` (`path` names it in messages).
     pub fn create(space: S, path: &Path, node_size: u32, leaf: LeafFormat, kind: KeyKind) -> Result<TreeEngine<S>> {
+        // Fixed node sizes: these runs compare engines at a node size (NV-Tree
+        // Fig. 5-11); `bench adaptive` measures adaptivity.
         let opts = Options {
             node_size,
             leaf,
+            adaptive: nvstore::Adaptive::Off,
             ..Options::default()
         };
         let db = Db::create_in(space, path, &opts)?;

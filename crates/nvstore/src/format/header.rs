@@ -6,7 +6,7 @@
 //!     | u64 chunk_size | u64 data_start | u64 checksum }
 //! line 1: root words, each changed by one 8-byte atomic store, then flushed and fenced
 //!   { u64 pool_size | u64 leaf_head | u64 clean_state | u64 last_ts | u64 txn_commit
-//!     | u64 reserved[3] }
+//!     | u64 reserved | u64 calibration[2] }
 //! ```
 //!
 //! - `magic` is stored last at creation: a file whose creation crashed is "not a pool".
@@ -20,6 +20,9 @@
 //!   timestamp of the last one committed (DESIGN §11). Such transactions
 //!   commit one at a time, so elements flagged TXN with a newer version
 //!   belong to the one that was cut short by a crash.
+//! - `calibration` caches the adaptive model's `T_r`/`T_w` measured at open
+//!   (`tree::adaptive::Model::encode`): a hint, never needed for recovery;
+//!   the second word, stored last, carries a check of the first.
 //! - The first `data_start` bytes belong to the header; chunks follow.
 
 use crate::error::{Error, Result};
@@ -45,6 +48,9 @@ pub const LEAF_HEAD_OFF: u64 = POOL_SIZE_OFF + 8;
 pub const CLEAN_STATE_OFF: u64 = LEAF_HEAD_OFF + 8;
 pub const LAST_TS_OFF: u64 = CLEAN_STATE_OFF + 8;
 pub const TXN_COMMIT_OFF: u64 = LAST_TS_OFF + 8;
+/// Two words: see `tree::adaptive::Model::encode`.
+pub const CALIBRATION_OFF: u64 = TXN_COMMIT_OFF + 16;
+const _: () = assert!(CALIBRATION_OFF + 16 == 2 * LINE);
 
 /// Smallest file that can hold a header.
 pub const MIN_FILE: u64 = 2 * LINE;

@@ -69,3 +69,9 @@ points! {
     /// (whose own fence orders this flush).
     SHUTDOWN_STATE_FLUSH = "shutdown.state.flush";
 }
+
+/// Calibration of the adaptive model (`tree::adaptive::calibrate`): writes
+/// to an unlinked scratch block, timed, not persisted state; so not in
+/// [`ALL`] (no crash can depend on them).
+pub const CALIBRATE_FLUSH: Point = Point::new("calibrate.flush");
+pub const CALIBRATE_FENCE: Point = Point::new("calibrate.fence");

@@ -72,6 +72,9 @@ pub struct Entry {
 /// A parent of leaves: immutable, replaced whole.
 pub struct Pln {
     pub entries: Vec<Entry>,
+    /// Entries it may hold before the index is rebuilt: the index's
+    /// `pln_limit`, more for a hot-write PLN (seed 000 §5.5).
+    pub limit: usize,
 }
 
 /// A leaf found by routing, with the range of keys it covers.
@@ -115,6 +118,8 @@ pub struct Index {
     pub generation: u64,
     /// Entries a PLN may hold before the index is rebuilt (see `pln_limit`).
     pub pln_limit: usize,
+    /// PLNs given a larger limit as hot-write at this build.
+    pub hot_plns: usize,
 }
 
 /// When a PLN overflows. The paper's PLNs have a fixed size, so a write
@@ -135,6 +140,13 @@ impl Index {
     /// Builds an index over `entries` (in key order; the last bound is
     /// +inf), `PLN_FILL` entries per PLN: the rebuild of seed 000 §4.5.
     pub fn build(entries: Vec<Entry>, generation: u64) -> Index {
+        Index::build_adaptive(entries, generation, false)
+    }
+
+    /// [`Index::build`]; with `hot`, a PLN whose leaves were written more
+    /// than the average PLN's (their DRAM counters, seed 000 §5.5) gets a
+    /// larger limit, so the write hot spot delays the next rebuild.
+    pub fn build_adaptive(entries: Vec<Entry>, generation: u64, hot: bool) -> Index {
         assert!(!entries.is_empty(), "a tree always has a leaf");
         let n_entries = entries.len();
         let used = entries.len().div_ceil(PLN_FILL);
@@ -152,6 +164,10 @@ impl Index {
         let inner_nodes: usize = widths[..depth].iter().sum();
         let mut plns: Vec<ArcSwap<Pln>> = Vec::with_capacity(used);
         let mut bounds: Vec<Bound> = Vec::with_capacity(used);
+        let limit = pln_limit(n_entries);
+        let writes = |es: &[Entry]| -> u64 { es.iter().map(|e| e.leaf.counters.get().0).sum() };
+        let total = if hot { writes(&entries) } else { 0 };
+        let mut hot_plns = 0;
         let mut it = entries.into_iter().peekable();
         for _ in 0..used {
             let chunk: Vec<Entry> = it.by_ref().take(PLN_FILL).collect();
@@ -161,7 +177,16 @@ impl Index {
             } else {
                 chunk.last().unwrap().max.clone()
             });
-            plns.push(ArcSwap::from_pointee(Pln { entries: chunk }));
+            let extra = if hot {
+                super::adaptive::hot_pln_extra(writes(&chunk), total, used, PLN_CAPACITY)
+            } else {
+                0
+            };
+            hot_plns += (extra > 0) as usize;
+            plns.push(ArcSwap::from_pointee(Pln {
+                entries: chunk,
+                limit: limit + extra,
+            }));
         }
         // Real node counts per level, bottom-up.
         let mut counts = vec![0usize; depth + 1];
@@ -210,7 +235,8 @@ impl Index {
             plns,
             used_plns: used,
             generation,
-            pln_limit: pln_limit(n_entries),
+            pln_limit: limit,
+            hot_plns,
         }
     }
 
@@ -249,6 +275,23 @@ impl Index {
     /// Routes `key` to its leaf: the first entry whose bound is >= key.
     pub fn find(&self, key: &[u8]) -> Found {
         self.route(key, false)
+    }
+
+    /// The leaf `key` routes to, without the bounds [`Index::find`] copies
+    /// (the point operations' path: two key copies fewer per operation).
+    pub fn find_leaf(&self, key: &[u8]) -> Arc<LeafRef> {
+        let mut p = self.find_pln(key, false).min(self.used_plns - 1);
+        loop {
+            let pln = self.plns[p].load();
+            let pos = pln.entries.partition_point(|e| e.max.cmp_key(key) == Ordering::Less);
+            if let Some(e) = pln.entries.get(pos) {
+                return e.leaf.clone();
+            }
+            if p + 1 >= self.used_plns {
+                return self.find_last().leaf;
+            }
+            p += 1;
+        }
     }
 
     /// The first leaf whose bound is > key: where keys just above `key` live.
@@ -380,6 +423,7 @@ mod tests {
             for i in 0..n * 10 + 20 {
                 let key = format!("k{i:05}").into_bytes();
                 let f = idx.find(&key);
+                assert!(Arc::ptr_eq(&f.leaf, &idx.find_leaf(&key)));
                 let want = (i / 10).min(n - 1);
                 assert_eq!(f.leaf.off, 1000 + want as u64, "n={n} key={i}");
                 assert!(f.high.covers(&key));
@@ -412,6 +456,24 @@ mod tests {
         }
         assert_eq!(idx.find(b"samepre").leaf.off, 0);
         assert_eq!(idx.find(b"zzz").leaf.off, (n - 1) as u64);
+    }
+
+    #[test]
+    fn hot_write_plns_get_larger_limits() {
+        let es = entries(400);
+        // The last 8 leaves (two PLNs) take nearly every write.
+        for (i, e) in es.iter().enumerate() {
+            let w = if i >= 392 { 1000 } else { 1 };
+            e.leaf.counters.writes.store(w, std::sync::atomic::Ordering::Relaxed);
+        }
+        let cold = Index::build(es.clone(), 0);
+        assert!(cold.plns.iter().all(|p| p.load().limit == cold.pln_limit));
+        let idx = Index::build_adaptive(es, 0, true);
+        assert_eq!(idx.hot_plns, 2);
+        let limits: Vec<usize> = idx.plns.iter().map(|p| p.load().limit).collect();
+        assert!(limits[..98].iter().all(|&l| l == idx.pln_limit), "{limits:?}");
+        assert!(limits[98..].iter().all(|&l| l > idx.pln_limit), "{limits:?}");
+        assert_eq!(idx.leaf_count(), 400);
     }
 
     #[test]

@@ -13,6 +13,7 @@
 //!   new PLN (or a rebuilt index), mark the old leaves dead and hand their
 //!   blocks to epoch-based reclamation. Appends to other leaves go on meanwhile.
 
+pub mod adaptive;
 pub mod index;
 pub mod isle;
 pub mod leaf;
@@ -34,6 +35,7 @@ use crate::alloc::Allocator;
 use crate::error::{Error, Result};
 use crate::format::header;
 use crate::pmem::{points, Space};
+use adaptive::{LeafCounters, Profile, Strategy};
 use index::{Bound, Entry, Found, Index, Pln};
 use leaf::{Keep, LeafFormat, Removed, Slot, Written};
 use mvcc::Clock;
@@ -60,6 +62,8 @@ pub struct LeafRef {
     /// in place); a reader or writer that routed here with an older index
     /// routes again.
     pub high: AtomicU64,
+    /// Workload profile of this leaf (seed 000 Table 2), DRAM only.
+    pub counters: LeafCounters,
 }
 
 impl LeafRef {
@@ -75,6 +79,7 @@ impl LeafRef {
             lock: Mutex::new(()),
             seq: AtomicU64::new(0),
             high: AtomicU64::new(u64::MAX),
+            counters: LeafCounters::default(),
         }
     }
 }
@@ -112,6 +117,9 @@ pub struct Tree<S: Space, L: LeafFormat> {
     /// its locks, before the splitting operation goes on (crash tests use it
     /// to let another writer act inside that window).
     split_hook: Mutex<Option<SplitHook>>,
+    /// Workload-adaptive node sizing (seed 000 §5): strategy, global
+    /// counters and the cost model.
+    pub adaptive: Profile,
     _leaf: PhantomData<L>,
 }
 
@@ -131,6 +139,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
         last_ts: u64,
         path: PathBuf,
     ) -> Self {
+        let leaves = entries.len() as u64;
         Tree {
             space,
             alloc,
@@ -143,6 +152,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
             stats: TreeStats::default(),
             path,
             split_hook: Mutex::new(None),
+            adaptive: Profile::new(leaves),
             _leaf: PhantomData,
         }
     }
@@ -175,6 +185,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
             let _g = epoch::pin();
             let idx = self.index.load();
             let f = idx.find(key);
+            self.adaptive.read(&f.leaf.counters);
             if let Some(v) = L::read(&*self.space, &f.leaf, key, at) {
                 return v;
             }
@@ -184,9 +195,9 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
     /// Commit timestamp of `key`'s newest element (a delete's too).
     pub fn newest_version(&self, key: &[u8]) -> Option<u64> {
         let _g = epoch::pin();
-        let f = self.index.load().find(key);
-        let n = f.leaf.durable.load(Ordering::Acquire);
-        L::newest(&*self.space, f.leaf.off, n, key, u64::MAX).map(|e| e.version)
+        let leaf = self.index.load().find_leaf(key);
+        let n = leaf.durable.load(Ordering::Acquire);
+        L::newest(&*self.space, leaf.off, n, key, u64::MAX).map(|e| e.version)
     }
 
     /// Inserts or updates. Durable when it returns.
@@ -202,10 +213,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
         };
         loop {
             let guard = epoch::pin();
-            let idx = self.index.load();
-            let f = idx.find(key);
-            let leaf = f.leaf.clone();
-            drop(idx);
+            let leaf = self.index.load().find_leaf(key);
             let lk = leaf.lock.lock();
             if leaf.dead.load(Ordering::Acquire) {
                 continue;
@@ -224,6 +232,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
                 }
                 Written::Moved => continue,
                 Written::Done { inserted, freed } => {
+                    self.adaptive.wrote(&leaf.counters, 1);
                     drop(lk);
                     if inserted {
                         self.keys.fetch_add(1, Ordering::Relaxed);
@@ -241,8 +250,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
         check_key(key)?;
         loop {
             let guard = epoch::pin();
-            let f = self.index.load().find(key);
-            let leaf = f.leaf;
+            let leaf = self.index.load().find_leaf(key);
             let lk = leaf.lock.lock();
             if leaf.dead.load(Ordering::Acquire) {
                 continue;
@@ -256,6 +264,9 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
                 }
                 Removed::Moved => continue,
                 Removed::Done { existed, freed } => {
+                    if existed {
+                        self.adaptive.wrote(&leaf.counters, 1);
+                    }
                     drop(lk);
                     if existed {
                         self.keys.fetch_sub(1, Ordering::Relaxed);
@@ -400,11 +411,21 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
             self.stats.replaces.fetch_add(1, Ordering::Relaxed);
         }
 
+        // Profile of the new leaves (seed 000 Table 3): halves of the old
+        // leaf's counters after a split, all of them after a replace, the
+        // sum of both after a merge.
+        let (mut w, mut r) = leaf.counters.get();
+        if let Some((m, _)) = &merged {
+            let (mw, mr) = m.leaf.counters.get();
+            (w, r) = (w + mw, r + mr);
+        }
+        let parts = new_entries.len() as u64;
+        let target = self.new_leaf_size(leaf.size, (w, r));
         // Allocate every new leaf first, so a full pool fails before any change.
         let replaced = new_entries.len() == 1 && merged.is_none();
         let sizes: Vec<u64> = new_entries
             .iter()
-            .map(|(_, _, es)| self.leaf_size_for(es, if replaced { need } else { 0 }))
+            .map(|(_, _, es)| self.leaf_size_for(es, if replaced { need } else { 0 }, target))
             .collect();
         let mut offs = Vec::with_capacity(new_entries.len());
         for &size in &sizes {
@@ -456,17 +477,27 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
         let fresh: Vec<Entry> = new_entries
             .iter()
             .zip(offs.iter().zip(&sizes))
-            .map(|((max, _, elems), (&off, &size))| Entry {
-                max: max.clone(),
-                leaf: Arc::new(LeafRef::with(off, size, elems.len() as u64)),
+            .map(|((max, _, elems), (&off, &size))| {
+                let l = LeafRef::with(off, size, elems.len() as u64);
+                l.counters.writes.store(w / parts, Ordering::Relaxed);
+                l.counters.reads.store(r / parts, Ordering::Relaxed);
+                Entry {
+                    max: max.clone(),
+                    leaf: Arc::new(l),
+                }
             })
             .collect();
         let pln = idx.plns[f.pln].load();
         let remove = if merged.is_some() { 2 } else { 1 };
+        self.adaptive.leaves.fetch_add(parts, Ordering::Relaxed);
+        self.adaptive.leaves.fetch_sub(remove as u64, Ordering::Relaxed);
         let mut entries = pln.entries.clone();
         entries.splice(f.pos..f.pos + remove, fresh);
-        if entries.len() <= idx.pln_limit {
-            idx.plns[f.pln].store(Arc::new(Pln { entries }));
+        if entries.len() <= pln.limit {
+            idx.plns[f.pln].store(Arc::new(Pln {
+                entries,
+                limit: pln.limit,
+            }));
         } else {
             self.rebuild_from_plns(&idx, f.pln, entries);
         }
@@ -507,7 +538,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
         right: Vec<Slot>,
         old_next: u64,
     ) -> Result<()> {
-        let size = self.leaf_size_for(&right, 0);
+        let size = self.leaf_size_for(&right, 0, self.node_size.max(f.leaf.size));
         let off = self.alloc.alloc(&*self.space, size)?;
         let low = right[0].words[0];
         L::build_with_low(&*self.space, off, size, old_next, &right, low);
@@ -529,8 +560,11 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
         let pln = idx.plns[f.pln].load();
         let mut entries = pln.entries.clone();
         entries.splice(f.pos..f.pos + 1, fresh);
-        if entries.len() <= idx.pln_limit {
-            idx.plns[f.pln].store(Arc::new(Pln { entries }));
+        if entries.len() <= pln.limit {
+            idx.plns[f.pln].store(Arc::new(Pln {
+                entries,
+                limit: pln.limit,
+            }));
         } else {
             self.rebuild_from_plns(idx, f.pln, entries);
         }
@@ -538,14 +572,38 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
         Ok(())
     }
 
-    /// Size of a new leaf for `elems` and `extra` more: the node size, or
+    /// Size of a new leaf for `elems` and `extra` more: `target`, or
     /// larger when they would leave it without room for one more update.
-    fn leaf_size_for(&self, elems: &[Slot], extra: u64) -> u64 {
-        let mut size = self.node_size;
+    fn leaf_size_for(&self, elems: &[Slot], extra: u64, target: u64) -> u64 {
+        let mut size = target;
         while !L::fits(size, elems, extra + 2) {
             size *= 2;
         }
         size
+    }
+
+    /// The size for the leaves that replace a full leaf of `size` bytes
+    /// with profile `(writes, reads)`: the node size when adaptivity is
+    /// off, else Algorithm 3 bounded by the model (seed 000 §5.3–5.4).
+    fn new_leaf_size(&self, size: u64, profile: (u64, u64)) -> u64 {
+        let s = self.adaptive.strategy();
+        if s == Strategy::Off {
+            return self.node_size;
+        }
+        let c = self.adaptive.counts(profile);
+        let new = self.adaptive.model().new_size(s, size, &c);
+        match new.cmp(&size) {
+            std::cmp::Ordering::Greater => self.adaptive.enlarged.fetch_add(1, Ordering::Relaxed),
+            std::cmp::Ordering::Less => self.adaptive.shrunk.fetch_add(1, Ordering::Relaxed),
+            std::cmp::Ordering::Equal => 0,
+        };
+        new
+    }
+
+    /// Selects the adaptive strategy from now on (profiling starts and
+    /// stops with it).
+    pub fn set_adaptive(&self, s: Strategy) {
+        self.adaptive.set_strategy(s);
     }
 
     /// Installs (or removes) the split hook. For crash tests only.
@@ -566,7 +624,9 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
                 all.extend(pln.load().entries.iter().cloned());
             }
         }
-        self.index.store(Arc::new(Index::build(all, idx.generation + 1)));
+        let new = Index::build_adaptive(all, idx.generation + 1, self.adaptive.on());
+        self.adaptive.hot_plns.fetch_add(new.hot_plns as u64, Ordering::Relaxed);
+        self.index.store(Arc::new(new));
         self.stats.rebuilds.fetch_add(1, Ordering::Relaxed);
         self.stats
             .rebuild_ns
@@ -778,6 +838,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
                             L::append(&*self.space, leaf.off, n, &elems);
                         }
                         leaf.durable.store(n + elems.len() as u64, Ordering::Release);
+                        self.adaptive.wrote(&leaf.counters, elems.len() as u64);
                         self.keys.fetch_add(p.delta, Ordering::Relaxed);
                         let ts = w.ts;
                         drop(w);
@@ -867,7 +928,8 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
                 self.stats.multi_leaf_commits.fetch_add(1, Ordering::Relaxed);
             }
             for ((leaf, _), n) in groups.iter().zip(counts) {
-                leaf.durable.store(n, Ordering::Release);
+                let before = leaf.durable.swap(n, Ordering::Release);
+                self.adaptive.wrote(&leaf.counters, n - before);
             }
             self.keys.fetch_add(delta, Ordering::Relaxed);
             let ts = w.ts;

@@ -88,7 +88,7 @@ fn only_pairs_every_snapshot_reads_are_compact() {
     for i in 0..40u64 {
         db.put(&key(i), &i.to_le_bytes()).unwrap();
     }
-    let snap = db.begin();
+    let snap = db.begin().unwrap();
     // Newer than the snapshot: written full by every rewrite while it lives.
     for i in 0..40u64 {
         db.put(&key(i), &(i + 1000).to_le_bytes()).unwrap();
@@ -152,13 +152,13 @@ fn watch_sees_a_change_stored_compact() {
         .any(|(l, _)| (0..l.compact).any(|i| l.key_word(db.space(), i) == kw));
     assert!(held_compact, "the changed key never went compact");
     assert!(db.tree().newest_version(&key(3)).unwrap() > since);
-    let mut t = db.begin();
+    let mut t = db.begin().unwrap();
     t.watch(&key(3), since);
     t.put(b"other", b"x").unwrap();
     assert!(matches!(t.commit(), Err(Error::Conflict)));
     // Unchanged since a later watch: commits.
     let since = db.last_commit_ts();
-    let mut t = db.begin();
+    let mut t = db.begin().unwrap();
     t.watch(&key(3), since);
     t.put(b"other", b"y").unwrap();
     t.commit().unwrap();
@@ -178,7 +178,7 @@ fn crash_restart_keeps_the_clock_above_stored_versions_and_the_commit_record() {
         model.insert(key(i).to_vec(), i.to_le_bytes().to_vec());
     }
     // A transaction over many leaves writes the commit record.
-    let mut t = db.begin();
+    let mut t = db.begin().unwrap();
     for i in (0..150u64).step_by(10) {
         t.put(&key(i), b"txn-val!").unwrap();
         model.insert(key(i).to_vec(), b"txn-val!".to_vec());
@@ -211,7 +211,7 @@ fn crash_restart_keeps_the_clock_above_stored_versions_and_the_commit_record() {
         assert_eq!(db.get(k).unwrap().as_ref(), Some(v));
     }
     // Work goes on: a new multi-leaf transaction and plain writes.
-    let mut t = db.begin();
+    let mut t = db.begin().unwrap();
     for i in (5..400u64).step_by(25) {
         t.put(&key(i), b"second!!").unwrap();
         model.insert(key(i).to_vec(), b"second!!".to_vec());

@@ -13,6 +13,8 @@ fn small_nodes() -> Options {
     Options {
         node_size: 256, // capacity 6: a split every few inserts
         size: 4 << 20,
+        // Fixed leaf sizes: these tests count splits and compact entries.
+        adaptive: nvstore::tree::adaptive::Strategy::Off,
         ..Options::default()
     }
 }

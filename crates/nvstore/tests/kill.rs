@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use nvstore::{Db, Options};
+use nvstore::{Db, LeafFormat, Options};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -305,6 +305,12 @@ fn shm_dir() -> tempfile::TempDir {
 
 /// Rounds of kill, verify, write on; `threads` writers in the child.
 fn campaign(threads: usize, seed: u64) {
+    campaign_on(threads, seed, LeafFormat::Nv)
+}
+
+/// The campaign on a pool of leaf format `leaf` (the parent creates the
+/// pool; every child opens it with the format its header records).
+fn campaign_on(threads: usize, seed: u64, leaf: LeafFormat) {
     let started = Instant::now();
     let tmp = shm_dir();
     let pool = tmp.path().join("kill.nvs");
@@ -314,7 +320,8 @@ fn campaign(threads: usize, seed: u64) {
     // their own, never touched by the writers.
     let mut model = Model::new();
     {
-        let db = Db::open(&pool, opts()).unwrap();
+        let db = Db::open(&pool, Options { leaf, ..opts() }).unwrap();
+        assert_eq!(db.leaf_format(), leaf);
         // Random order: ascending inserts would split the last leaf every
         // third insert and overflow the last PLN every few dozen splits.
         let mut ids: Vec<u32> = (0..60_000).collect();
@@ -405,4 +412,9 @@ fn kill9_one_writer() {
 #[test]
 fn kill9_two_writers() {
     campaign(2, 8);
+}
+
+#[test]
+fn kill9_two_writers_isle() {
+    campaign_on(2, 9, LeafFormat::Isle);
 }

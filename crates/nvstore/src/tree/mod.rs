@@ -425,7 +425,10 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
         let replaced = new_entries.len() == 1 && merged.is_none();
         let sizes: Vec<u64> = new_entries
             .iter()
-            .map(|(_, _, es)| self.leaf_size_for(es, if replaced { need } else { 0 }, target))
+            // A replace or a transaction's cut must leave room for the
+            // elements the caller is about to add (with adaptivity, `target`
+            // may be smaller than what they need).
+            .map(|(_, _, es)| self.leaf_size_for(es, if replaced || cut.is_some() { need } else { 0 }, target))
             .collect();
         let mut offs = Vec::with_capacity(new_entries.len());
         for &size in &sizes {

@@ -11,6 +11,7 @@ fn common_insert_flushes_two_lines_and_fences_twice() {
         "f".as_ref(),
         &Options {
             node_size: 4096,
+            adaptive: nvstore::tree::adaptive::Strategy::Off,
             ..Options::default()
         },
     )
@@ -54,6 +55,7 @@ fn random_inserts_amortise_splits() {
         "f".as_ref(),
         &Options {
             node_size: 4096,
+            adaptive: nvstore::tree::adaptive::Strategy::Off,
             ..Options::default()
         },
     )
@@ -106,6 +108,7 @@ fn split_heavy_runs_stay_below_the_derived_bound() {
             "f".as_ref(),
             &Options {
                 node_size: 4096,
+                adaptive: nvstore::tree::adaptive::Strategy::Off,
                 ..Options::default()
             },
         )

@@ -15,6 +15,7 @@ fn opts(node_size: u32) -> Options {
     Options {
         node_size,
         leaf: LeafFormat::Isle,
+        adaptive: nvstore::tree::adaptive::Strategy::Off,
         ..Options::default()
     }
 }
@@ -151,6 +152,7 @@ fn random_inserts_amortise_splits_below_the_nv_leaf() {
             &Options {
                 node_size: 4096,
                 leaf,
+                adaptive: nvstore::tree::adaptive::Strategy::Off,
                 ..Options::default()
             },
         )

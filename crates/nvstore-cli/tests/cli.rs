@@ -196,7 +196,13 @@ fn create_options_and_sizes() {
     nv([OsStr::new("create"), os(&p3), OsStr::new("--size"), OsStr::new("12XB")]).error(None, "unknown size unit");
     nv([OsStr::new("create"), os(&p3), OsStr::new("--flush"), OsStr::new("fast")])
         .error(None, "unknown flush instruction");
-    nv([OsStr::new("create"), os(&p3), OsStr::new("--leaf"), OsStr::new("isle")]).error(None, "unknown leaf format");
+    nv([
+        OsStr::new("create"),
+        os(&p3),
+        OsStr::new("--leaf"),
+        OsStr::new("fptree"),
+    ])
+    .error(None, "unknown leaf format");
     nv([
         OsStr::new("create"),
         os(&p3),
@@ -703,7 +709,8 @@ fn crashtest_lists_points_and_wires_the_campaign() {
     assert!(!names.is_empty());
     assert_eq!(names, nvstore::crashtest::list_points());
 
-    nv(["crashtest", "--leaf", "isle"]).error(None, "leaf format isle is not supported yet");
+    nv(["crashtest", "--leaf", "fptree"]).error(None, "unknown leaf format");
+    nv(["crashtest", "--leaf", "isle", "--txn"]).error(None, "--txn needs --leaf nv");
     nv(["crashtest", "--drop", "no.such.point"]).error(None, "unknown persistence point");
 
     let r = nv(["crashtest", "--ops", "20", "--seed", "3", "--json"]);

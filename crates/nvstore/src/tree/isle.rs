@@ -123,19 +123,27 @@ fn slot_word<S: Space>(s: &S, lo: u64, kind: Kind, slot: u8) -> u64 {
     }
 }
 
+/// `code` without the slots `gone` names.
+fn without(code: u8, gone: impl Fn(u8) -> bool) -> u8 {
+    let c = il::decode(code);
+    let keep: Vec<u8> = c.live().iter().copied().filter(|&x| !gone(x)).collect();
+    il::Code::encode(c.kind, &keep).expect("a subset of a code has a code")
+}
+
+/// The blob a general pair refers to, if any (freed when the pair goes).
+fn blob_of<S: Space>(s: &S, leaf: u64, size: u64, loc: Loc) -> Option<u64> {
+    (loc.kind == Kind::General)
+        .then(|| words_at(s, leaf, size, loc)[1])
+        .filter(|&b| b != 0)
+}
+
 /// `code` without its slots whose key word is at least `bound`.
 fn live_code<S: Space>(s: &S, lo: u64, code: u8, bound: u64) -> u8 {
-    let c = il::decode(code);
-    if bound == u64::MAX || c.kind == Kind::Empty {
+    let kind = il::decode(code).kind;
+    if bound == u64::MAX || kind == Kind::Empty {
         return code;
     }
-    let keep: Vec<u8> = c
-        .live()
-        .iter()
-        .copied()
-        .filter(|&x| slot_word(s, lo, c.kind, x) < bound)
-        .collect();
-    il::Code::encode(c.kind, &keep).expect("a subset of a code has a code")
+    without(code, |x| slot_word(s, lo, kind, x) >= bound)
 }
 
 /// The slot's words as an nv element.
@@ -271,12 +279,12 @@ fn publish_codes<S: Space>(s: &S, word_off: u64, word: u64) {
     s.fence(points::ISLE_CODE_FENCE);
 }
 
-/// Rank of `key` among a line's live slots (their count if it is largest).
-fn rank<S: Space>(s: &S, lo: u64, code: &il::Code, key: &[u8]) -> usize {
+/// Rank of `key` among a line's live slots `live` (in key order) of `kind`:
+/// their count if it is largest.
+fn rank<S: Space>(s: &S, lo: u64, kind: Kind, live: &[u8], key: &[u8]) -> usize {
     let kw = nv::key_word(key);
-    code.live()
-        .iter()
-        .position(|&slot| match code.kind {
+    live.iter()
+        .position(|&slot| match kind {
             Kind::Compact => s.load(il::c_key(lo, slot)) > kw,
             _ => {
                 let e = il::g_elem(lo, slot);
@@ -284,7 +292,7 @@ fn rank<S: Space>(s: &S, lo: u64, code: &il::Code, key: &[u8]) -> usize {
                 cmp_general(s, &words, key, kw) == Cmp::Greater
             }
         })
-        .unwrap_or(code.len as usize)
+        .unwrap_or(live.len())
 }
 
 /// A line of `kind` with a free slot, else an empty line, preferring `near`.
@@ -518,49 +526,32 @@ impl LeafFormat for Isle {
 
         // The new code of the target line: the slot ranked in (the old
         // slot ranked out when it is in the same line).
-        let code = il::decode(cs[line as usize]);
-        let code = il::Code { kind, ..code };
-        let mut order: Vec<u8> = code.live().to_vec();
+        let mut order: Vec<u8> = il::decode(cs[line as usize]).live().to_vec();
         if let Some(o) = old.filter(|o| o.line == line) {
             order.retain(|&x| x != o.slot);
         }
-        let tmp = il::Code {
-            len: order.len() as u8,
-            order: {
-                let mut a = [0u8; 4];
-                a[..order.len()].copy_from_slice(&order);
-                a
-            },
-            kind,
-        };
-        order.insert(rank(s, lo, &tmp, key), slot);
+        order.insert(rank(s, lo, kind, &order, key), slot);
         let new_code = il::Code::encode(kind, &order).expect("ordered slots have a code");
         let word_off = il::code_word(off, line);
         let mut word = with_code(s.load(word_off), off, line, new_code);
-        let freed = old.and_then(|o| {
-            let b = (o.kind == Kind::General)
-                .then(|| words_at(s, off, size, o)[1])
-                .filter(|&b| b != 0);
-            if o.line != line {
-                let c = il::decode(cs[o.line as usize]);
-                let rest: Vec<u8> = c.live().iter().copied().filter(|&x| x != o.slot).collect();
-                let oc = il::Code::encode(c.kind, &rest).expect("a subset of a code has a code");
-                let o_off = il::code_word(off, o.line);
-                if o_off == word_off {
-                    word = with_code(word, off, o.line, oc);
-                }
+        let freed = old.and_then(|o| blob_of(s, off, size, o));
+        // The old pair's line, when it is another one: its code without the pair.
+        let moved_from = old
+            .filter(|o| o.line != line)
+            .map(|o| (o.line, without(cs[o.line as usize], |x| x == o.slot)));
+        let elsewhere = match moved_from {
+            Some((ol, oc)) if il::code_word(off, ol) == word_off => {
+                word = with_code(word, off, ol, oc);
+                None
             }
-            b
-        });
+            m => m,
+        };
         write_visible(leaf, || {
             publish_codes(s, word_off, word);
-            if let Some(o) = old.filter(|o| o.line != line && il::code_word(off, o.line) != word_off) {
+            if let Some((ol, oc)) = elsewhere {
                 // The old pair's code lives in another word: drop it there too.
-                let o_off = il::code_word(off, o.line);
-                let c = il::decode(cs[o.line as usize]);
-                let rest: Vec<u8> = c.live().iter().copied().filter(|&x| x != o.slot).collect();
-                let oc = il::Code::encode(c.kind, &rest).expect("a subset of a code has a code");
-                s.store(o_off, with_code(s.load(o_off), off, o.line, oc));
+                let o_off = il::code_word(off, ol);
+                s.store(o_off, with_code(s.load(o_off), off, ol, oc));
                 s.flush(o_off, 8, points::ISLE_CODE_FLUSH);
                 s.fence(points::ISLE_CODE_FENCE);
             }
@@ -587,12 +578,8 @@ impl LeafFormat for Isle {
                 freed: None,
             };
         };
-        let freed = (o.kind == Kind::General)
-            .then(|| words_at(s, off, size, o)[1])
-            .filter(|&b| b != 0);
-        let c = il::decode(cs[o.line as usize]);
-        let rest: Vec<u8> = c.live().iter().copied().filter(|&x| x != o.slot).collect();
-        let oc = il::Code::encode(c.kind, &rest).expect("a subset of a code has a code");
+        let freed = blob_of(s, off, size, o);
+        let oc = without(cs[o.line as usize], |x| x == o.slot);
         let word_off = il::code_word(off, o.line);
         let w = clock.begin_write();
         write_visible(leaf, || {
@@ -719,9 +706,7 @@ impl LeafFormat for Isle {
                 let mut code = live_code(s, il::line(off, size, line), c, bound);
                 stale |= code != c;
                 if let Some(g) = gone.get(&line) {
-                    let d = il::decode(code);
-                    let rest: Vec<u8> = d.live().iter().copied().filter(|x| !g.contains(x)).collect();
-                    code = il::Code::encode(d.kind, &rest).expect("a subset of a code has a code");
+                    code = without(code, |x| g.contains(&x));
                 }
                 if code != c {
                     let w = il::code_word(off, line);

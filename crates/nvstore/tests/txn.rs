@@ -301,7 +301,7 @@ fn bank_transfers_keep_the_total_in_every_snapshot_and_reopen() {
     let snapshots = AtomicU64::new(0);
     std::thread::scope(|s| {
         for t in 0..2u64 {
-            let (db, stop, transfers) = (&db, &stop, &transfers);
+            let (db, stop, transfers, snapshots) = (&db, &stop, &transfers, &snapshots);
             s.spawn(move || {
                 let mut rng = rand::rngs::StdRng::seed_from_u64(t);
                 for _ in 0..400 {
@@ -320,6 +320,10 @@ fn bank_transfers_keep_the_total_in_every_snapshot_and_reopen() {
                     transfers.fetch_add(1, Ordering::Relaxed);
                 }
                 if t == 0 {
+                    // The reader must have looked at least a few times.
+                    while snapshots.load(Ordering::Relaxed) < 3 {
+                        std::thread::yield_now();
+                    }
                     stop.store(true, Ordering::Relaxed);
                 }
             });

@@ -72,9 +72,43 @@ pub struct Entry {
 /// A parent of leaves: immutable, replaced whole.
 pub struct Pln {
     pub entries: Vec<Entry>,
+    /// The entries' bounds as prefix words, so routing compares words and
+    /// reads a full key (a pointer away) only on a tie.
+    words: Vec<u64>,
     /// Entries it may hold before the index is rebuilt: the index's
     /// `pln_limit`, more for a hot-write PLN (seed 000 §5.5).
     pub limit: usize,
+}
+
+impl Pln {
+    pub fn new(entries: Vec<Entry>, limit: usize) -> Pln {
+        let words = entries.iter().map(|e| bound_word(&e.max)).collect();
+        Pln { entries, words, limit }
+    }
+
+    /// The first entry whose bound is >= key (> key when `strict`).
+    #[inline]
+    fn position(&self, key: &[u8], kw: u64, strict: bool) -> usize {
+        let (mut lo, mut hi) = (0usize, self.words.len());
+        while lo < hi {
+            let mid = (lo + hi) / 2;
+            let below = match self.words[mid].cmp(&kw) {
+                Ordering::Less => true,
+                Ordering::Greater => false,
+                Ordering::Equal => match self.entries[mid].max.cmp_key(key) {
+                    Ordering::Less => true,
+                    Ordering::Equal => strict,
+                    Ordering::Greater => false,
+                },
+            };
+            if below {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        lo
+    }
 }
 
 /// A leaf found by routing, with the range of keys it covers.
@@ -165,7 +199,7 @@ impl Index {
         let mut plns: Vec<ArcSwap<Pln>> = Vec::with_capacity(used);
         let mut bounds: Vec<Bound> = Vec::with_capacity(used);
         let limit = pln_limit(n_entries);
-        let writes = |es: &[Entry]| -> u64 { es.iter().map(|e| e.leaf.counters.get().0).sum() };
+        let writes = |es: &[Entry]| -> u64 { es.iter().map(|e| e.leaf.counters.get().writes).sum() };
         let total = if hot { writes(&entries) } else { 0 };
         let mut hot_plns = 0;
         let mut it = entries.into_iter().peekable();
@@ -183,10 +217,7 @@ impl Index {
                 0
             };
             hot_plns += (extra > 0) as usize;
-            plns.push(ArcSwap::from_pointee(Pln {
-                entries: chunk,
-                limit: limit + extra,
-            }));
+            plns.push(ArcSwap::from_pointee(Pln::new(chunk, limit + extra)));
         }
         // Real node counts per level, bottom-up.
         let mut counts = vec![0usize; depth + 1];
@@ -244,7 +275,12 @@ impl Index {
     /// With `strict`, route to the first bound > key instead of >= key.
     #[inline]
     pub fn find_pln(&self, key: &[u8], strict: bool) -> usize {
-        let kw = crate::format::leaf_nv::key_word(key);
+        self.find_pln_word(key, crate::format::leaf_nv::key_word(key), strict)
+    }
+
+    /// [`Index::find_pln`] with the key's prefix word `kw` already known.
+    #[inline]
+    fn find_pln_word(&self, key: &[u8], kw: u64, strict: bool) -> usize {
         let mut id = 0usize;
         while id < self.inner_nodes {
             let words = &self.words[id].0;
@@ -280,10 +316,11 @@ impl Index {
     /// The leaf `key` routes to, without the bounds [`Index::find`] copies
     /// (the point operations' path: two key copies fewer per operation).
     pub fn find_leaf(&self, key: &[u8]) -> Arc<LeafRef> {
-        let mut p = self.find_pln(key, false).min(self.used_plns - 1);
+        let kw = crate::format::leaf_nv::key_word(key);
+        let mut p = self.find_pln_word(key, kw, false).min(self.used_plns - 1);
         loop {
             let pln = self.plns[p].load();
-            let pos = pln.entries.partition_point(|e| e.max.cmp_key(key) == Ordering::Less);
+            let pos = pln.position(key, kw, false);
             if let Some(e) = pln.entries.get(pos) {
                 return e.leaf.clone();
             }
@@ -307,15 +344,11 @@ impl Index {
     }
 
     fn route(&self, key: &[u8], strict: bool) -> Found {
-        let mut p = self.find_pln(key, strict).min(self.used_plns - 1);
+        let kw = crate::format::leaf_nv::key_word(key);
+        let mut p = self.find_pln_word(key, kw, strict).min(self.used_plns - 1);
         loop {
             let pln = self.plns[p].load();
-            // First entry whose bound is >= key (> key when strict).
-            let pos = pln.entries.partition_point(|e| match e.max.cmp_key(key) {
-                Ordering::Less => true,
-                Ordering::Equal => strict,
-                Ordering::Greater => false,
-            });
+            let pos = pln.position(key, kw, strict);
             if pos < pln.entries.len() {
                 return self.found_at(p, pos, &pln);
             }

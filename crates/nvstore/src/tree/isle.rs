@@ -354,6 +354,12 @@ fn slots<S: Space>(s: &S, leaf: u64, size: u64) -> Vec<(Loc, Slot)> {
 }
 
 impl LeafFormat for Isle {
+    /// A write takes one slot (an update of a compact value none, but
+    /// it still counts as a write).
+    fn appended(_inserted: bool) -> u64 {
+        1
+    }
+
     const NAME: &'static str = "isle";
     const VERSIONED: bool = false;
 
@@ -385,7 +391,8 @@ impl LeafFormat for Isle {
         leaf + il::NEXT_OFF
     }
 
-    fn newest<S: Space>(s: &S, leaf: u64, _n: u64, key: &[u8], _at: u64) -> Option<Newest> {
+    fn newest<S: Space>(s: &S, leaf: &LeafRef, _n: u64, key: &[u8], _at: u64) -> Option<Newest> {
+        let leaf = leaf.off;
         let size = Self::size(s, leaf);
         let cs = codes(s, leaf, size);
         find(s, leaf, size, &cs, key).map(|loc| Newest {
@@ -409,7 +416,7 @@ impl LeafFormat for Isle {
         leaf::element_value(s, &words_at(s, leaf, size, Loc::from_index(s, leaf, i)))
     }
 
-    fn append<S: Space>(_s: &S, _leaf: u64, _n: u64, _elems: &[[u64; 4]]) {
+    fn append<S: Space>(_s: &S, _leaf: &LeafRef, _n: u64, _elems: &[[u64; 4]]) {
         unreachable!("isle leaves take no appends (transactions need an nv pool)")
     }
 

@@ -314,11 +314,11 @@ pub trait LeafFormat: Send + Sync + 'static {
 
     /// Newest element for `key` among the first `n` whose version is at
     /// most `at` (positive or NEGATIVE).
-    fn newest<S: Space>(s: &S, leaf: u64, n: u64, key: &[u8], at: u64) -> Option<Newest>;
+    fn newest<S: Space>(s: &S, leaf: &LeafRef, n: u64, key: &[u8], at: u64) -> Option<Newest>;
 
     /// What a reader at `at` finds for `key` among the first `n` elements.
     #[inline]
-    fn lookup_at<S: Space>(s: &S, leaf: u64, n: u64, key: &[u8], at: u64) -> Lookup {
+    fn lookup_at<S: Space>(s: &S, leaf: &LeafRef, n: u64, key: &[u8], at: u64) -> Lookup {
         match Self::newest(s, leaf, n, key, at) {
             Some(e) if !e.negative => Lookup::Present(e.index),
             _ => Lookup::Absent,
@@ -327,7 +327,7 @@ pub trait LeafFormat: Send + Sync + 'static {
 
     /// The newest state of `key` among the first `n` elements.
     #[inline]
-    fn lookup<S: Space>(s: &S, leaf: u64, n: u64, key: &[u8]) -> Lookup {
+    fn lookup<S: Space>(s: &S, leaf: &LeafRef, n: u64, key: &[u8]) -> Lookup {
         Self::lookup_at(s, leaf, n, key, u64::MAX)
     }
     /// Reads element `i` (key loaded from the blob if needed).
@@ -336,8 +336,9 @@ pub trait LeafFormat: Send + Sync + 'static {
     fn value<S: Space>(s: &S, leaf: u64, i: u64) -> Vec<u8>;
 
     /// Appends `elems` after the first `n` and publishes them with one
-    /// count store: write, flush, fence, store count, flush, fence.
-    fn append<S: Space>(s: &S, leaf: u64, n: u64, elems: &[[u64; 4]]);
+    /// count store: write, flush, fence, store count, flush, fence. The
+    /// caller holds the leaf lock and then raises `leaf.durable`.
+    fn append<S: Space>(s: &S, leaf: &LeafRef, n: u64, elems: &[[u64; 4]]);
 
     /// Writes a complete new leaf (unlinked, flushed but not fenced: the
     /// caller fences once for all new leaves of a split).
@@ -381,6 +382,17 @@ pub trait LeafFormat: Send + Sync + 'static {
     /// Inserts or updates `key` (the caller holds the leaf lock and checked
     /// it is not dead); durable and visible when it returns `Done`.
     fn upsert<S: Space>(s: &S, leaf: &LeafRef, key: &[u8], value: &[u8], blob: u64, clock: &Clock) -> Written;
+
+    /// Elements a write takes in a leaf, for the adaptive profile: an
+    /// insert appends one, an update two (a NEGATIVE and the new element,
+    /// seed 000 Table 3).
+    fn appended(inserted: bool) -> u64 {
+        if inserted {
+            1
+        } else {
+            2
+        }
+    }
 
     /// Removes `key` (leaf lock held, as for [`LeafFormat::upsert`]).
     fn remove<S: Space>(s: &S, leaf: &LeafRef, key: &[u8], clock: &Clock) -> Removed;
@@ -459,6 +471,112 @@ pub struct Audit {
 
 /// The NV-Tree leaf: unsorted, append-only, published by its count.
 pub struct Nv;
+
+/// DRAM hints of an nv leaf: its layout words and one fingerprint byte per
+/// element slot, so a lookup reads from the leaf only the elements whose
+/// fingerprint matches its key (an unsorted leaf is otherwise scanned
+/// whole, and the lines its appends flushed are usually out of the cache).
+/// Never persisted: built from the leaf on first use (published elements
+/// never change), and extended by appends before they publish, so a
+/// reader that sees an element sees its fingerprint. A slot whose
+/// fingerprint is unknown (0: appended by a writer that ran while a reader
+/// was building the hints) is read like any other.
+pub struct Hints {
+    compact: u64,
+    compact_version: u64,
+    /// Eight fingerprints per word (element `i` in byte `i % 8` of word
+    /// `i / 8`), so a lookup tests eight elements at once.
+    fp: Box<[std::sync::atomic::AtomicU64]>,
+}
+
+const ONES: u64 = 0x0101_0101_0101_0101;
+const LOW7: u64 = 0x7f7f_7f7f_7f7f_7f7f;
+
+/// The high bit of each zero byte of `v`.
+#[inline]
+fn zero_bytes(v: u64) -> u64 {
+    !(((v & LOW7).wrapping_add(LOW7)) | v | LOW7)
+}
+
+impl Hints {
+    fn layout(&self, leaf: u64) -> Layout {
+        Layout {
+            leaf,
+            compact: self.compact,
+            compact_version: self.compact_version,
+        }
+    }
+
+    /// The elements in `lo..hi` that may hold a key with fingerprint `fk`
+    /// (it matches or is unknown), highest first, until `f` says stop.
+    #[inline]
+    fn candidates(&self, lo: u64, hi: u64, fk: u8, mut f: impl FnMut(u64) -> bool) {
+        if lo >= hi {
+            return;
+        }
+        let pat = fk as u64 * ONES;
+        let mut wi = (hi - 1) / 8;
+        loop {
+            let w = self.fp[wi as usize].load(Ordering::Relaxed);
+            let base = wi * 8;
+            let mut m = zero_bytes(w ^ pat) | zero_bytes(w);
+            if hi - base < 8 {
+                m &= (1u64 << ((hi - base) * 8)) - 1;
+            }
+            if lo > base {
+                m &= !((1u64 << ((lo - base) * 8)) - 1);
+            }
+            while m != 0 {
+                let bit = 63 - m.leading_zeros() as u64;
+                if f(base + bit / 8) {
+                    return;
+                }
+                m ^= 1 << bit;
+            }
+            if wi == lo / 8 {
+                return;
+            }
+            wi -= 1;
+        }
+    }
+
+    /// Element `i` has key word `kw`: the caller is the one writer of the
+    /// leaf (or builds the hints), before the count publishes element `i`.
+    #[inline]
+    fn note(&self, i: u64, kw: u64) {
+        let word = &self.fp[(i / 8) as usize];
+        let shift = (i % 8) * 8;
+        let w = word.load(Ordering::Relaxed) & !(0xff << shift);
+        word.store(w | (fingerprint(kw) as u64) << shift, Ordering::Relaxed);
+    }
+}
+
+/// A key word's fingerprint: 1..=255 (0 means unknown).
+#[inline]
+fn fingerprint(kw: u64) -> u8 {
+    ((kw.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 56) % 255 + 1) as u8
+}
+
+/// The leaf's hints, built on first use.
+fn hints<'a, S: Space>(s: &S, leaf: &'a LeafRef) -> &'a Hints {
+    leaf.hints.get_or_init(|| {
+        let layout = Layout::read(s, leaf.off);
+        let cap = nv::capacity(s.read_u64(leaf.off + nv::SIZE_OFF)).max(leaf.durable.load(Ordering::Relaxed));
+        let fp: Box<[std::sync::atomic::AtomicU64]> = (0..cap.div_ceil(8)).map(|_| Default::default()).collect();
+        let h = Hints {
+            compact: layout.compact,
+            compact_version: layout.compact_version,
+            fp,
+        };
+        // Elements published now; any appended later note their own (or,
+        // if their writer missed these hints, stay unknown).
+        let n = leaf.durable.load(Ordering::Acquire);
+        for i in 0..n {
+            h.note(i, layout.key_word(s, i));
+        }
+        h
+    })
+}
 
 /// Encodes a new positive element; `blob` is 0 when key and value are inline.
 pub fn encode(key: &[u8], value: &[u8], blob_off: u64, version: u64, txn: bool) -> [u64; 4] {
@@ -565,20 +683,24 @@ impl LeafFormat for Nv {
         Layout::read(s, leaf).valid(size, count)
     }
 
-    fn newest<S: Space>(s: &S, leaf: u64, n: u64, key: &[u8], at: u64) -> Option<Newest> {
+    fn newest<S: Space>(s: &S, leaf: &LeafRef, n: u64, key: &[u8], at: u64) -> Option<Newest> {
+        let h = hints(s, leaf);
         let kw = nv::key_word(key);
-        let layout = Layout::read(s, leaf);
+        let fk = fingerprint(kw);
+        let layout = h.layout(leaf.off);
         // Newest first: the newest element for a key decides (a NEGATIVE one
         // cancels the positive it follows, seed 000 §4.3). Full elements
-        // are newer than the compact prefix.
-        for i in (layout.compact..n).rev() {
+        // are newer than the compact prefix. Only elements whose
+        // fingerprint matches (or is unknown) are read from the leaf.
+        let mut found = None;
+        h.candidates(layout.compact, n, fk, |i| {
             let e = layout.elem(i);
             if s.read_u64(e + nv::E_KEY_WORD) != kw {
-                continue;
+                return false;
             }
             let meta_w = s.read_u64(e + nv::E_META);
             if meta_w & nv::VERSION_MASK > at {
-                continue;
+                return false;
             }
             let meta = Meta::decode(meta_w).expect("published element has valid meta");
             let same = match meta.key_inline {
@@ -596,32 +718,30 @@ impl LeafFormat for Nv {
                 }
             };
             if same {
-                return Some(Newest {
+                found = Some(Newest {
                     index: i,
                     negative: meta.negative,
                     version: meta.version,
                 });
             }
+            same
+        });
+        // The prefix holds only 8-byte keys, one entry per key.
+        if found.is_some() || key.len() != 8 || layout.compact_version > at {
+            return found;
         }
-        // The prefix holds only 8-byte keys, in increasing order: scan it
-        // forward and stop at the first larger key. (A bisection touches
-        // fewer lines, but on a cold leaf each probe waits for the one
-        // before, and it measured slower; a forward scan runs at the
-        // hardware prefetcher's pace.)
-        if key.len() != 8 || layout.compact_version > at {
-            return None;
-        }
-        for i in 0..layout.compact.min(n) {
-            let w = layout.key_word(s, i);
-            if w >= kw {
-                return (w == kw).then_some(Newest {
+        h.candidates(0, layout.compact.min(n), fk, |i| {
+            let hit = layout.key_word(s, i) == kw;
+            if hit {
+                found = Some(Newest {
                     index: i,
                     negative: false,
                     version: layout.compact_version,
                 });
             }
-        }
-        None
+            hit
+        });
+        found
     }
 
     fn element<S: Space>(s: &S, leaf: u64, i: u64) -> Elem {
@@ -636,8 +756,13 @@ impl LeafFormat for Nv {
         element_value(s, &Layout::read(s, leaf).words(s, i))
     }
 
-    fn append<S: Space>(s: &S, leaf: u64, n: u64, elems: &[[u64; 4]]) {
-        let at = Layout::read(s, leaf).elem(n);
+    fn append<S: Space>(s: &S, leaf: &LeafRef, n: u64, elems: &[[u64; 4]]) {
+        let h = hints(s, leaf);
+        for (j, e) in elems.iter().enumerate() {
+            h.note(n + j as u64, e[0]);
+        }
+        let at = h.layout(leaf.off).elem(n);
+        let leaf = leaf.off;
         let len = elems.len() * nv::ELEM_SIZE as usize;
         // Plain writes append one or two elements: no heap allocation.
         let mut small = [0u8; 2 * nv::ELEM_SIZE as usize];
@@ -713,7 +838,7 @@ impl LeafFormat for Nv {
 
     fn read<S: Space>(s: &S, leaf: &LeafRef, key: &[u8], at: u64) -> Option<Option<Vec<u8>>> {
         let n = leaf.durable.load(Ordering::Acquire);
-        Some(match Self::lookup_at(s, leaf.off, n, key, at) {
+        Some(match Self::lookup_at(s, leaf, n, key, at) {
             Lookup::Present(i) => Some(Self::value(s, leaf.off, i)),
             Lookup::Absent => None,
         })
@@ -721,7 +846,7 @@ impl LeafFormat for Nv {
 
     fn upsert<S: Space>(s: &S, leaf: &LeafRef, key: &[u8], value: &[u8], blob: u64, clock: &Clock) -> Written {
         let n = leaf.durable.load(Ordering::Relaxed);
-        let old = match Self::lookup(s, leaf.off, n, key) {
+        let old = match Self::lookup(s, leaf, n, key) {
             Lookup::Present(i) => Some(Self::element(s, leaf.off, i)),
             Lookup::Absent => None,
         };
@@ -732,8 +857,8 @@ impl LeafFormat for Nv {
         let w = clock.begin_write();
         let new = encode(key, value, blob, w.ts, false);
         match &old {
-            Some(o) => Self::append(s, leaf.off, n, &[negate(o.words, w.ts, false), new]),
-            None => Self::append(s, leaf.off, n, &[new]),
+            Some(o) => Self::append(s, leaf, n, &[negate(o.words, w.ts, false), new]),
+            None => Self::append(s, leaf, n, &[new]),
         }
         leaf.durable.store(n + need, Ordering::Release);
         drop(w);
@@ -747,7 +872,7 @@ impl LeafFormat for Nv {
     fn remove<S: Space>(s: &S, leaf: &LeafRef, key: &[u8], clock: &Clock) -> Removed {
         let n = leaf.durable.load(Ordering::Relaxed);
         // A NEGATIVE element is appended only when a positive one exists (§4.3).
-        let Lookup::Present(i) = Self::lookup(s, leaf.off, n, key) else {
+        let Lookup::Present(i) = Self::lookup(s, leaf, n, key) else {
             return Removed::Done {
                 existed: false,
                 freed: None,
@@ -758,7 +883,7 @@ impl LeafFormat for Nv {
         }
         let old = Self::element(s, leaf.off, i);
         let w = clock.begin_write();
-        Self::append(s, leaf.off, n, &[negate(old.words, w.ts, false)]);
+        Self::append(s, leaf, n, &[negate(old.words, w.ts, false)]);
         leaf.durable.store(n + 1, Ordering::Release);
         drop(w);
         Removed::Done {
@@ -933,4 +1058,105 @@ impl LeafFormat for Nv {
 /// A key for messages.
 pub fn show(k: &[u8]) -> String {
     String::from_utf8_lossy(k).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicU64;
+
+    fn hints_with(fps: &[u8]) -> Hints {
+        let fp: Box<[AtomicU64]> = (0..fps.len().div_ceil(8)).map(|_| AtomicU64::new(0)).collect();
+        for (i, &f) in fps.iter().enumerate() {
+            let w = &fp[i / 8];
+            w.store(
+                w.load(Ordering::Relaxed) | (f as u64) << ((i % 8) * 8),
+                Ordering::Relaxed,
+            );
+        }
+        Hints {
+            compact: 0,
+            compact_version: 0,
+            fp,
+        }
+    }
+
+    #[test]
+    fn zero_bytes_marks_exactly_the_zero_bytes() {
+        for v in [
+            0u64,
+            u64::MAX,
+            0x0100_ff00_8000_0001,
+            0x8080_8080_8080_8080,
+            0x0001_0000_0100_7f00,
+        ] {
+            let want: u64 = (0..8)
+                .filter(|k| (v >> (k * 8)) & 0xff == 0)
+                .map(|k| 0x80u64 << (k * 8))
+                .sum();
+            assert_eq!(zero_bytes(v), want, "{v:#x}");
+        }
+    }
+
+    #[test]
+    fn candidates_are_the_matching_or_unknown_slots_highest_first() {
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let fps: Vec<u8> = (0..203)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                // Few distinct values, some unknown (0), so every case occurs.
+                (x % 5) as u8 * 60
+            })
+            .collect();
+        let h = hints_with(&fps);
+        for fk in [60u8, 120, 180, 240, 7] {
+            for (lo, hi) in [
+                (0, 203),
+                (3, 9),
+                (8, 16),
+                (5, 6),
+                (17, 17),
+                (0, 1),
+                (190, 203),
+                (41, 200),
+            ] {
+                let want: Vec<u64> = (lo..hi)
+                    .rev()
+                    .filter(|&i| fps[i as usize] == fk || fps[i as usize] == 0)
+                    .collect();
+                let mut got = Vec::new();
+                h.candidates(lo, hi, fk, |i| {
+                    got.push(i);
+                    false
+                });
+                assert_eq!(got, want, "fk {fk} in {lo}..{hi}");
+            }
+        }
+        // Stopping early stops.
+        let mut seen = 0;
+        h.candidates(0, 203, 60, |_| {
+            seen += 1;
+            seen == 3
+        });
+        assert_eq!(seen, 3);
+    }
+
+    #[test]
+    fn fingerprints_are_never_unknown() {
+        for kw in [0u64, 1, u64::MAX, 0x8000_0000_0000_0000, 0x0123_4567_89ab_cdef] {
+            assert_ne!(fingerprint(kw), 0);
+        }
+        let h = hints_with(&[0; 16]);
+        h.note(9, 42);
+        h.note(10, 43);
+        let mut got = Vec::new();
+        h.candidates(0, 16, fingerprint(42), |i| {
+            got.push(i);
+            false
+        });
+        // Slot 10 holds another key's fingerprint unless they collide.
+        assert!(got.contains(&9) && (!got.contains(&10) || fingerprint(42) == fingerprint(43)));
+    }
 }

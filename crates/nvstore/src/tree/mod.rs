@@ -35,7 +35,7 @@ use crate::alloc::Allocator;
 use crate::error::{Error, Result};
 use crate::format::header;
 use crate::pmem::{points, Space};
-use adaptive::{LeafCounters, Profile, Strategy};
+use adaptive::{LeafCounters, LeafProfile, Profile, Strategy};
 use index::{Bound, Entry, Found, Index, Pln};
 use leaf::{Keep, LeafFormat, Removed, Slot, Written};
 use mvcc::Clock;
@@ -64,6 +64,8 @@ pub struct LeafRef {
     pub high: AtomicU64,
     /// Workload profile of this leaf (seed 000 Table 2), DRAM only.
     pub counters: LeafCounters,
+    /// Lookup hints of an nv leaf (fingerprints), DRAM only.
+    pub hints: std::sync::OnceLock<leaf::Hints>,
 }
 
 impl LeafRef {
@@ -80,6 +82,7 @@ impl LeafRef {
             seq: AtomicU64::new(0),
             high: AtomicU64::new(u64::MAX),
             counters: LeafCounters::default(),
+            hints: std::sync::OnceLock::new(),
         }
     }
 }
@@ -197,7 +200,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
         let _g = epoch::pin();
         let leaf = self.index.load().find_leaf(key);
         let n = leaf.durable.load(Ordering::Acquire);
-        L::newest(&*self.space, leaf.off, n, key, u64::MAX).map(|e| e.version)
+        L::newest(&*self.space, &leaf, n, key, u64::MAX).map(|e| e.version)
     }
 
     /// Inserts or updates. Durable when it returns.
@@ -232,7 +235,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
                 }
                 Written::Moved => continue,
                 Written::Done { inserted, freed } => {
-                    self.adaptive.wrote(&leaf.counters, 1);
+                    self.adaptive.wrote(&leaf.counters, L::appended(inserted), 1);
                     drop(lk);
                     if inserted {
                         self.keys.fetch_add(1, Ordering::Relaxed);
@@ -265,7 +268,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
                 Removed::Moved => continue,
                 Removed::Done { existed, freed } => {
                     if existed {
-                        self.adaptive.wrote(&leaf.counters, 1);
+                        self.adaptive.wrote(&leaf.counters, 1, 1);
                     }
                     drop(lk);
                     if existed {
@@ -328,6 +331,8 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
     /// sibling (formats whose deletes free room, like isle, call it when
     /// a leaf falls below a quarter full).
     fn split_locked(&self, key: &[u8], need: u64, cut: Option<&[u8]>, merge_only: bool) -> Result<bool> {
+        // The adaptive model learns what a split costs (Model::split_fixed_ns).
+        let started = self.adaptive.on().then(std::time::Instant::now);
         let guard = epoch::pin();
         let idx = self.index.load_full();
         let f = idx.find(key);
@@ -363,7 +368,12 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
         if L::SPLITS_IN_PLACE && cut.is_none() && !merge_only && valid.len() as u64 >= min_fill {
             if let Some(mid) = word_split_point(&valid) {
                 let right = valid.split_off(mid);
-                return self.split_in_place(&idx, &f, &valid, right, old_next).map(|()| true);
+                let size = self.split_in_place(&idx, &f, &valid, right, old_next)?;
+                if let Some(t) = started {
+                    self.adaptive
+                        .record_split(leaf.size, &[size], t.elapsed().as_nanos() as f64);
+                }
+                return Ok(true);
             }
         }
         let merge_ok = right.as_ref().is_some_and(|(_, _, r)| {
@@ -414,13 +424,12 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
         // Profile of the new leaves (seed 000 Table 3): halves of the old
         // leaf's counters after a split, all of them after a replace, the
         // sum of both after a merge.
-        let (mut w, mut r) = leaf.counters.get();
+        let mut profile = leaf.counters.get();
         if let Some((m, _)) = &merged {
-            let (mw, mr) = m.leaf.counters.get();
-            (w, r) = (w + mw, r + mr);
+            profile = profile.plus(m.leaf.counters.get());
         }
         let parts = new_entries.len() as u64;
-        let target = self.new_leaf_size(leaf.size, (w, r));
+        let target = self.new_leaf_size(leaf.size, profile);
         // Allocate every new leaf first, so a full pool fails before any change.
         let replaced = new_entries.len() == 1 && merged.is_none();
         let sizes: Vec<u64> = new_entries
@@ -482,8 +491,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
             .zip(offs.iter().zip(&sizes))
             .map(|((max, _, elems), (&off, &size))| {
                 let l = LeafRef::with(off, size, elems.len() as u64);
-                l.counters.writes.store(w / parts, Ordering::Relaxed);
-                l.counters.reads.store(r / parts, Ordering::Relaxed);
+                l.counters.set(profile.share(parts));
                 Entry {
                     max: max.clone(),
                     leaf: Arc::new(l),
@@ -497,10 +505,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
         let mut entries = pln.entries.clone();
         entries.splice(f.pos..f.pos + remove, fresh);
         if entries.len() <= pln.limit {
-            idx.plns[f.pln].store(Arc::new(Pln {
-                entries,
-                limit: pln.limit,
-            }));
+            idx.plns[f.pln].store(Arc::new(Pln::new(entries, pln.limit)));
         } else {
             self.rebuild_from_plns(&idx, f.pln, entries);
         }
@@ -527,12 +532,17 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
         let alloc = self.alloc.clone();
         guard.defer(move || alloc.release(&to_free));
         guard.flush();
+        if let Some(t) = started {
+            self.adaptive
+                .record_split(leaf.size, &sizes, t.elapsed().as_nanos() as f64);
+        }
         Ok(true)
     }
 
     /// Split in place (formats with [`LeafFormat::SPLITS_IN_PLACE`]): the
     /// upper part `right` of the leaf `f` routes to goes to one new leaf,
     /// the rest stays. The caller holds the structure lock and the leaf's.
+    /// Returns the new leaf's size.
     fn split_in_place(
         &self,
         idx: &Arc<Index>,
@@ -540,7 +550,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
         left: &[Slot],
         right: Vec<Slot>,
         old_next: u64,
-    ) -> Result<()> {
+    ) -> Result<u64> {
         let size = self.leaf_size_for(&right, 0, self.node_size.max(f.leaf.size));
         let off = self.alloc.alloc(&*self.space, size)?;
         let low = right[0].words[0];
@@ -564,15 +574,12 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
         let mut entries = pln.entries.clone();
         entries.splice(f.pos..f.pos + 1, fresh);
         if entries.len() <= pln.limit {
-            idx.plns[f.pln].store(Arc::new(Pln {
-                entries,
-                limit: pln.limit,
-            }));
+            idx.plns[f.pln].store(Arc::new(Pln::new(entries, pln.limit)));
         } else {
             self.rebuild_from_plns(idx, f.pln, entries);
         }
         self.stats.splits.fetch_add(1, Ordering::Relaxed);
-        Ok(())
+        Ok(size)
     }
 
     /// Size of a new leaf for `elems` and `extra` more: `target`, or
@@ -586,9 +593,9 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
     }
 
     /// The size for the leaves that replace a full leaf of `size` bytes
-    /// with profile `(writes, reads)`: the node size when adaptivity is
-    /// off, else Algorithm 3 bounded by the model (seed 000 §5.3–5.4).
-    fn new_leaf_size(&self, size: u64, profile: (u64, u64)) -> u64 {
+    /// with `profile`: the node size when adaptivity is off, else
+    /// Algorithm 3 bounded by the model (seed 000 §5.3–5.4).
+    fn new_leaf_size(&self, size: u64, profile: LeafProfile) -> u64 {
         let s = self.adaptive.strategy();
         if s == Strategy::Off {
             return self.node_size;
@@ -699,7 +706,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
         let mut p = LeafPlan::default();
         for &i in ks {
             let (k, role) = &keys[i];
-            let newest = L::newest(&*self.space, leaf.off, n, k, u64::MAX);
+            let newest = L::newest(&*self.space, leaf, n, k, u64::MAX);
             let limit = match role {
                 Role::Write(_) => start,
                 Role::Watch(since) => *since,
@@ -838,10 +845,11 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
                         let w = self.clock.begin_write();
                         let elems = self.elements(&p.plan, &wkeys, &values, &blobs, w.ts, false);
                         if !elems.is_empty() {
-                            L::append(&*self.space, leaf.off, n, &elems);
+                            L::append(&*self.space, &leaf, n, &elems);
                         }
                         leaf.durable.store(n + elems.len() as u64, Ordering::Release);
-                        self.adaptive.wrote(&leaf.counters, elems.len() as u64);
+                        self.adaptive
+                            .wrote(&leaf.counters, elems.len() as u64, keys.len() as u64);
                         self.keys.fetch_add(p.delta, Ordering::Relaxed);
                         let ts = w.ts;
                         drop(w);
@@ -920,9 +928,9 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
                 let n = leaf.durable.load(Ordering::Relaxed);
                 let elems = self.elements(plan, &wkeys, &values, &blobs, w.ts, multi);
                 if !elems.is_empty() {
-                    L::append(&*self.space, leaf.off, n, &elems);
+                    L::append(&*self.space, &leaf, n, &elems);
                 }
-                counts.push(n + elems.len() as u64);
+                counts.push((n + elems.len() as u64, plan.len() as u64));
             }
             if multi {
                 self.space.store(header::TXN_COMMIT_OFF, w.ts);
@@ -930,9 +938,9 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
                 self.space.fence(points::TXN_COMMIT_FENCE);
                 self.stats.multi_leaf_commits.fetch_add(1, Ordering::Relaxed);
             }
-            for ((leaf, _), n) in groups.iter().zip(counts) {
+            for ((leaf, _), (n, lookups)) in groups.iter().zip(counts) {
                 let before = leaf.durable.swap(n, Ordering::Release);
-                self.adaptive.wrote(&leaf.counters, n - before);
+                self.adaptive.wrote(&leaf.counters, n - before, lookups);
             }
             self.keys.fetch_add(delta, Ordering::Relaxed);
             let ts = w.ts;

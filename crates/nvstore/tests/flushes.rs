@@ -1,21 +1,15 @@
 //! Deterministic flush and fence counts per operation (seed 000 Alg. 2:
 //! element flushed and fenced, then the count stored, flushed and fenced).
 
-use nvstore::pmem::{SimSpace, ThreadCounters};
-use nvstore::{Db, Options};
+mod common;
+
+use common::sim_db_4k;
+use nvstore::pmem::ThreadCounters;
+use nvstore::LeafFormat;
 
 #[test]
 fn common_insert_flushes_two_lines_and_fences_twice() {
-    let db = Db::create_in(
-        SimSpace::new(4 << 20),
-        "f".as_ref(),
-        &Options {
-            node_size: 4096,
-            adaptive: nvstore::tree::adaptive::Strategy::Off,
-            ..Options::default()
-        },
-    )
-    .unwrap();
+    let db = sim_db_4k(4 << 20, LeafFormat::Nv);
     // 8-byte keys and values: no blob, no split for the first 100 inserts (capacity 126).
     for i in 0..100u64 {
         let before = ThreadCounters::get();
@@ -50,16 +44,7 @@ fn common_insert_flushes_two_lines_and_fences_twice() {
 fn random_inserts_amortise_splits() {
     // 4 KB leaves: 2 flushes per insert plus the amortised cost of copying
     // leaves on splits (16-byte compact entries: see `split_heavy_runs_stay_below_the_derived_bound`).
-    let db = Db::create_in(
-        SimSpace::new(8 << 20),
-        "f".as_ref(),
-        &Options {
-            node_size: 4096,
-            adaptive: nvstore::tree::adaptive::Strategy::Off,
-            ..Options::default()
-        },
-    )
-    .unwrap();
+    let db = sim_db_4k(8 << 20, LeafFormat::Nv);
     let n = 20_000u64;
     let before = ThreadCounters::get();
     let mut x = 0x9e37_79b9_7f4a_7c15u64;
@@ -103,16 +88,7 @@ fn split_heavy_runs_stay_below_the_derived_bound() {
     let bound = 2.0 + (c / 4.0 + 6.0) / (c / 2.0 - 1.0);
     assert!((bound - 2.60).abs() < 0.01, "{bound}");
     let run = |keys: &mut dyn FnMut(u64) -> u64| {
-        let db = Db::create_in(
-            SimSpace::new(16 << 20),
-            "f".as_ref(),
-            &Options {
-                node_size: 4096,
-                adaptive: nvstore::tree::adaptive::Strategy::Off,
-                ..Options::default()
-            },
-        )
-        .unwrap();
+        let db = sim_db_4k(16 << 20, LeafFormat::Nv);
         let n = 30_000u64;
         let before = ThreadCounters::get();
         for i in 0..n {

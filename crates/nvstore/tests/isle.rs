@@ -6,6 +6,9 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+mod common;
+
+use common::sim_db_4k;
 use nvstore::pmem::{SimSpace, ThreadCounters};
 use nvstore::{Db, Error, LeafFormat, Options, WriteBatch};
 use rand::rngs::StdRng;
@@ -146,17 +149,7 @@ fn common_insert_flushes_one_pair_line_and_one_header_line() {
 fn random_inserts_amortise_splits_below_the_nv_leaf() {
     let n = 20_000u64;
     let per_insert = |leaf: LeafFormat| {
-        let db = Db::create_in(
-            SimSpace::new(16 << 20),
-            "f".as_ref(),
-            &Options {
-                node_size: 4096,
-                leaf,
-                adaptive: nvstore::tree::adaptive::Strategy::Off,
-                ..Options::default()
-            },
-        )
-        .unwrap();
+        let db = sim_db_4k(16 << 20, leaf);
         let before = ThreadCounters::get();
         let mut x = 0x9e37_79b9_7f4a_7c15u64;
         for _ in 0..n {

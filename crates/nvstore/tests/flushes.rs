@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::sim_db_4k;
+use common::{sim_db_4k, xorshift};
 use nvstore::pmem::ThreadCounters;
 use nvstore::LeafFormat;
 
@@ -47,11 +47,7 @@ fn random_inserts_amortise_splits() {
     let db = sim_db_4k(8 << 20, LeafFormat::Nv);
     let n = 20_000u64;
     let before = ThreadCounters::get();
-    let mut x = 0x9e37_79b9_7f4a_7c15u64;
-    for _ in 0..n {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
+    for x in xorshift(0x9e37_79b9_7f4a_7c15).take(n as usize) {
         db.put(&x.to_be_bytes(), &x.to_le_bytes()).unwrap();
     }
     let d = ThreadCounters::get().since(before);
@@ -106,13 +102,8 @@ fn split_heavy_runs_stay_below_the_derived_bound() {
         d.flushes as f64 / n as f64
     };
     let ascending = run(&mut |i| i);
-    let mut x = 0x2545_f491_4f6c_dd1du64;
-    let random = run(&mut |_| {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x
-    });
+    let mut keys = xorshift(0x2545_f491_4f6c_dd1d);
+    let random = run(&mut |_| keys.next().unwrap());
     eprintln!("flushes per insert: ascending {ascending:.3}, random {random:.3} (bound {bound:.3})");
     assert!(
         ascending > 2.0 && ascending <= bound,

@@ -1,4 +1,4 @@
-//! Setup shared by the flush-count tests (`flushes.rs`, `isle.rs`).
+//! Setup and keys shared by the flush-count tests (`flushes.rs`, `isle.rs`).
 
 use nvstore::pmem::SimSpace;
 use nvstore::tree::adaptive::Strategy;
@@ -19,4 +19,16 @@ pub fn sim_db_4k(size: u64, leaf: LeafFormat) -> Db<SimSpace> {
         },
     )
     .unwrap()
+}
+
+/// Pseudo-random 8-byte keys: xorshift64 (shifts 13, 7, 17) from `seed`,
+/// each step's state in turn (distinct for 2^64 - 1 steps).
+pub fn xorshift(seed: u64) -> impl Iterator<Item = u64> {
+    let mut x = seed;
+    std::iter::from_fn(move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        Some(x)
+    })
 }

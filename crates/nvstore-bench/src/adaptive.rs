@@ -30,7 +30,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
-use crate::micro::{key_at, parse_count, parse_size, pool_size_for, print_json_lines, value_of, write_out};
+use crate::micro::{key_at, parse_count, parse_size, pool_size_for, print_and_save, value_of};
 use nvstore::{Adaptive, Db, Error, Options, Result};
 
 /// The measured operation of `bench adaptive`.
@@ -425,23 +425,16 @@ fn print_table(rs: &[AdaptiveResult], out: &mut dyn Write) -> std::io::Result<()
 /// `--json`), and writes JSON lines into `--out DIR`.
 pub fn adaptive_main(args: &AdaptiveArgs, out: &mut dyn Write) -> Result<Vec<AdaptiveResult>> {
     let rs = run_adaptive(args)?;
-    let stdout_err = |e| Error::io("<stdout>", e);
-    if args.json {
-        print_json_lines(&rs, out).map_err(stdout_err)?;
-    } else {
-        print_table(&rs, out).map_err(stdout_err)?;
-    }
-    if let Some(dir) = &args.out {
-        let name = format!(
+    print_and_save(&rs, args.json, print_table, out, args.out.as_deref(), || {
+        format!(
             "adaptive-{}-{}-{}-{}{}.jsonl",
             args.workload.as_str(),
             args.locality,
             args.node_size,
             args.strategy.replace(',', "+"),
             args.shift_at.map_or(String::new(), |s| format!("-shift{s}"))
-        );
-        write_out(dir, &name, &rs)?;
-    }
+        )
+    })?;
     Ok(rs)
 }
 

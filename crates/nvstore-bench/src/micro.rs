@@ -939,26 +939,43 @@ pub fn write_out<T: Serialize>(dir: &Path, name: &str, items: &[T]) -> Result<Pa
     Ok(path)
 }
 
+/// What `bench micro`, `compare` and `adaptive` do with their results:
+/// prints them to `out` as JSON lines if `json`, else with `table`; then,
+/// given a directory (`--out DIR`), writes them there as JSON lines to the
+/// file `name()`.
+pub(crate) fn print_and_save<T: Serialize>(
+    rs: &[T],
+    json: bool,
+    table: fn(&[T], &mut dyn Write) -> std::io::Result<()>,
+    out: &mut dyn Write,
+    dir: Option<&Path>,
+    name: impl FnOnce() -> String,
+) -> Result<()> {
+    let stdout_err = |e| Error::io("<stdout>", e);
+    if json {
+        print_json_lines(rs, out).map_err(stdout_err)?;
+    } else {
+        table(rs, out).map_err(stdout_err)?;
+    }
+    if let Some(dir) = dir {
+        write_out(dir, &name(), rs)?;
+    }
+    Ok(())
+}
+
 /// `nvstore bench micro`: runs, prints a table (or JSON lines with
 /// `--json`) to `out`, and writes JSON lines into `--out DIR`.
 pub fn micro_main(args: &MicroArgs, out: &mut dyn Write) -> Result<Vec<MicroResult>> {
     let rs = run_micro(args)?;
-    let stdout_err = |e| Error::io("<stdout>", e);
-    if args.json {
-        print_json_lines(&rs, out).map_err(stdout_err)?;
-    } else {
-        print_micro_table(&rs, out).map_err(stdout_err)?;
-    }
-    if let Some(dir) = &args.out {
-        let name = format!(
+    print_and_save(&rs, args.json, print_micro_table, out, args.out.as_deref(), || {
+        format!(
             "micro-{}-{}-{}-{}.jsonl",
             args.engine.replace(',', "+"),
             args.op.as_str(),
             args.keys,
             args.node_size
-        );
-        write_out(dir, &name, &rs)?;
-    }
+        )
+    })?;
     Ok(rs)
 }
 
@@ -966,15 +983,8 @@ pub fn micro_main(args: &MicroArgs, out: &mut dyn Write) -> Result<Vec<MicroResu
 /// JSON lines into `--out DIR`.
 pub fn compare_main(args: &CompareArgs, out: &mut dyn Write) -> Result<Vec<CompareResult>> {
     let rs = run_compare(args)?;
-    let stdout_err = |e| Error::io("<stdout>", e);
-    if args.json {
-        print_json_lines(&rs, out).map_err(stdout_err)?;
-    } else {
-        print_compare_table(&rs, out).map_err(stdout_err)?;
-    }
-    if let Some(dir) = &args.out {
-        let name = format!("compare-{}-{}-{}.jsonl", args.op.as_str(), args.keys, args.node_size);
-        write_out(dir, &name, &rs)?;
-    }
+    print_and_save(&rs, args.json, print_compare_table, out, args.out.as_deref(), || {
+        format!("compare-{}-{}-{}.jsonl", args.op.as_str(), args.keys, args.node_size)
+    })?;
     Ok(rs)
 }

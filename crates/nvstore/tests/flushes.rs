@@ -1,21 +1,15 @@
 //! Deterministic flush and fence counts per operation (seed 000 Alg. 2:
 //! element flushed and fenced, then the count stored, flushed and fenced).
 
-use nvstore::pmem::{SimSpace, ThreadCounters};
-use nvstore::{Db, Options};
+mod common;
+
+use common::{sim_db_4k, xorshift};
+use nvstore::pmem::ThreadCounters;
+use nvstore::LeafFormat;
 
 #[test]
 fn common_insert_flushes_two_lines_and_fences_twice() {
-    let db = Db::create_in(
-        SimSpace::new(4 << 20),
-        "f".as_ref(),
-        &Options {
-            node_size: 4096,
-            adaptive: nvstore::tree::adaptive::Strategy::Off,
-            ..Options::default()
-        },
-    )
-    .unwrap();
+    let db = sim_db_4k(4 << 20, LeafFormat::Nv);
     // 8-byte keys and values: no blob, no split for the first 100 inserts (capacity 126).
     for i in 0..100u64 {
         let before = ThreadCounters::get();
@@ -50,23 +44,10 @@ fn common_insert_flushes_two_lines_and_fences_twice() {
 fn random_inserts_amortise_splits() {
     // 4 KB leaves: 2 flushes per insert plus the amortised cost of copying
     // leaves on splits (16-byte compact entries: see `split_heavy_runs_stay_below_the_derived_bound`).
-    let db = Db::create_in(
-        SimSpace::new(8 << 20),
-        "f".as_ref(),
-        &Options {
-            node_size: 4096,
-            adaptive: nvstore::tree::adaptive::Strategy::Off,
-            ..Options::default()
-        },
-    )
-    .unwrap();
+    let db = sim_db_4k(8 << 20, LeafFormat::Nv);
     let n = 20_000u64;
     let before = ThreadCounters::get();
-    let mut x = 0x9e37_79b9_7f4a_7c15u64;
-    for _ in 0..n {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
+    for x in xorshift(0x9e37_79b9_7f4a_7c15).take(n as usize) {
         db.put(&x.to_be_bytes(), &x.to_le_bytes()).unwrap();
     }
     let d = ThreadCounters::get().since(before);
@@ -103,16 +84,7 @@ fn split_heavy_runs_stay_below_the_derived_bound() {
     let bound = 2.0 + (c / 4.0 + 6.0) / (c / 2.0 - 1.0);
     assert!((bound - 2.60).abs() < 0.01, "{bound}");
     let run = |keys: &mut dyn FnMut(u64) -> u64| {
-        let db = Db::create_in(
-            SimSpace::new(16 << 20),
-            "f".as_ref(),
-            &Options {
-                node_size: 4096,
-                adaptive: nvstore::tree::adaptive::Strategy::Off,
-                ..Options::default()
-            },
-        )
-        .unwrap();
+        let db = sim_db_4k(16 << 20, LeafFormat::Nv);
         let n = 30_000u64;
         let before = ThreadCounters::get();
         for i in 0..n {
@@ -130,13 +102,8 @@ fn split_heavy_runs_stay_below_the_derived_bound() {
         d.flushes as f64 / n as f64
     };
     let ascending = run(&mut |i| i);
-    let mut x = 0x2545_f491_4f6c_dd1du64;
-    let random = run(&mut |_| {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x
-    });
+    let mut keys = xorshift(0x2545_f491_4f6c_dd1d);
+    let random = run(&mut |_| keys.next().unwrap());
     eprintln!("flushes per insert: ascending {ascending:.3}, random {random:.3} (bound {bound:.3})");
     assert!(
         ascending > 2.0 && ascending <= bound,

@@ -6,6 +6,9 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+mod common;
+
+use common::{sim_db_4k, xorshift};
 use nvstore::pmem::{SimSpace, ThreadCounters};
 use nvstore::{Db, Error, LeafFormat, Options, WriteBatch};
 use rand::rngs::StdRng;
@@ -146,23 +149,9 @@ fn common_insert_flushes_one_pair_line_and_one_header_line() {
 fn random_inserts_amortise_splits_below_the_nv_leaf() {
     let n = 20_000u64;
     let per_insert = |leaf: LeafFormat| {
-        let db = Db::create_in(
-            SimSpace::new(16 << 20),
-            "f".as_ref(),
-            &Options {
-                node_size: 4096,
-                leaf,
-                adaptive: nvstore::tree::adaptive::Strategy::Off,
-                ..Options::default()
-            },
-        )
-        .unwrap();
+        let db = sim_db_4k(16 << 20, leaf);
         let before = ThreadCounters::get();
-        let mut x = 0x9e37_79b9_7f4a_7c15u64;
-        for _ in 0..n {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
+        for x in xorshift(0x9e37_79b9_7f4a_7c15).take(n as usize) {
             db.put(&x.to_be_bytes(), &x.to_le_bytes()).unwrap();
         }
         ThreadCounters::get().since(before).flushes as f64 / n as f64

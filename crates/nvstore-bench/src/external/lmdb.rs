@@ -29,6 +29,7 @@ use heed::types::Bytes;
 use heed::{Database, Env, EnvOpenOptions};
 use parking_lot::Mutex;
 
+use super::ExternalKv;
 use crate::engine::BenchIndex;
 use nvstore::{Error, Result};
 
@@ -84,7 +85,9 @@ impl Lmdb {
             .expect("lmdb get")
             .map(|v| u64::from_le_bytes(v.try_into().expect("8-byte value")))
     }
+}
 
+impl ExternalKv for Lmdb {
     /// One write: a durable transaction of its own, or into the batch.
     fn write(&self, key: u64, value: Option<u64>) {
         if !self.batched {
@@ -140,18 +143,10 @@ impl BenchIndex for Lmdb {
         self.write(key, Some(value));
     }
     fn update(&self, key: u64, value: u64) -> bool {
-        if self.lookup(key).is_none() {
-            return false;
-        }
-        self.write(key, Some(value));
-        true
+        self.update_existing(key, value)
     }
     fn delete(&self, key: u64) -> bool {
-        if self.lookup(key).is_none() {
-            return false;
-        }
-        self.write(key, None);
-        true
+        self.delete_existing(key)
     }
     fn search(&self, key: u64) -> Option<u64> {
         self.lookup(key)

@@ -15,3 +15,31 @@ pub mod lmdb;
 pub mod redis_server;
 #[cfg(feature = "rocksdb")]
 pub mod rocksdb;
+
+/// What the external engines' [`BenchIndex`](crate::engine::BenchIndex)
+/// impls are built on: one write (a value, or `None` to delete) and one
+/// lookup, both seeing the writes a batch still buffers. Update and delete
+/// of a present key follow from these two the same way for every engine.
+#[cfg(any(feature = "lmdb", feature = "rocksdb"))]
+pub(crate) trait ExternalKv {
+    /// Stores `value` for `key`, or deletes `key` if `None`.
+    fn write(&self, key: u64, value: Option<u64>);
+    /// The value of `key`, if present.
+    fn lookup(&self, key: u64) -> Option<u64>;
+    /// Replaces the value of a present key; false if absent.
+    fn update_existing(&self, key: u64, value: u64) -> bool {
+        if self.lookup(key).is_none() {
+            return false;
+        }
+        self.write(key, Some(value));
+        true
+    }
+    /// Removes a present key; false if absent.
+    fn delete_existing(&self, key: u64) -> bool {
+        if self.lookup(key).is_none() {
+            return false;
+        }
+        self.write(key, None);
+        true
+    }
+}

@@ -40,6 +40,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 
+use super::ExternalKv;
 use crate::engine::BenchIndex;
 use nvstore::{Error, Result};
 
@@ -231,7 +232,9 @@ impl RocksDb {
         unsafe { ffi::rocksdb_free(v as *mut c_void) };
         Some(value)
     }
+}
 
+impl ExternalKv for RocksDb {
     /// One write: synced on its own, or into the batch.
     fn write(&self, key: u64, value: Option<u64>) {
         let mut err: *mut c_char = ptr::null_mut();
@@ -297,7 +300,9 @@ impl RocksDb {
         }
         self.committed(key)
     }
+}
 
+impl RocksDb {
     /// Up to `n` committed pairs from `start` on, in key order.
     fn range(&self, start: u64, n: usize) -> Vec<(u64, u64)> {
         let mut out = Vec::new();
@@ -354,18 +359,10 @@ impl BenchIndex for RocksDb {
         self.write(key, Some(value));
     }
     fn update(&self, key: u64, value: u64) -> bool {
-        if self.lookup(key).is_none() {
-            return false;
-        }
-        self.write(key, Some(value));
-        true
+        self.update_existing(key, value)
     }
     fn delete(&self, key: u64) -> bool {
-        if self.lookup(key).is_none() {
-            return false;
-        }
-        self.write(key, None);
-        true
+        self.delete_existing(key)
     }
     fn search(&self, key: u64) -> Option<u64> {
         self.lookup(key)

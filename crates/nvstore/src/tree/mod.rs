@@ -928,7 +928,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
                 let n = leaf.durable.load(Ordering::Relaxed);
                 let elems = self.elements(plan, &wkeys, &values, &blobs, w.ts, multi);
                 if !elems.is_empty() {
-                    L::append(&*self.space, &leaf, n, &elems);
+                    L::append(&*self.space, leaf, n, &elems);
                 }
                 counts.push((n + elems.len() as u64, plan.len() as u64));
             }

@@ -89,26 +89,34 @@ impl Pln {
     /// The first entry whose bound is >= key (> key when `strict`).
     #[inline]
     fn position(&self, key: &[u8], kw: u64, strict: bool) -> usize {
-        let (mut lo, mut hi) = (0usize, self.words.len());
-        while lo < hi {
-            let mid = (lo + hi) / 2;
-            let below = match self.words[mid].cmp(&kw) {
-                Ordering::Less => true,
-                Ordering::Greater => false,
-                Ordering::Equal => match self.entries[mid].max.cmp_key(key) {
-                    Ordering::Less => true,
-                    Ordering::Equal => strict,
-                    Ordering::Greater => false,
-                },
-            };
-            if below {
-                lo = mid + 1;
-            } else {
-                hi = mid;
-            }
-        }
-        lo
+        first_covering(&self.words, kw, strict, |i| self.entries[i].max.cmp_key(key))
     }
+}
+
+/// Binary search over bounds given as prefix `words` (in order) for the
+/// first bound >= the key whose prefix word is `kw` (> with `strict`);
+/// `full(i)` orders bound `i` against the whole key, asked only on a tie.
+#[inline]
+fn first_covering(words: &[u64], kw: u64, strict: bool, full: impl Fn(usize) -> Ordering) -> usize {
+    let (mut lo, mut hi) = (0usize, words.len());
+    while lo < hi {
+        let mid = (lo + hi) / 2;
+        let below = match words[mid].cmp(&kw) {
+            Ordering::Less => true,
+            Ordering::Greater => false,
+            Ordering::Equal => match full(mid) {
+                Ordering::Less => true,
+                Ordering::Equal => strict,
+                Ordering::Greater => false,
+            },
+        };
+        if below {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    lo
 }
 
 /// A leaf found by routing, with the range of keys it covers.
@@ -283,26 +291,8 @@ impl Index {
     fn find_pln_word(&self, key: &[u8], kw: u64, strict: bool) -> usize {
         let mut id = 0usize;
         while id < self.inner_nodes {
-            let words = &self.words[id].0;
-            // Binary search for the first key >= search key (> with `strict`).
-            let (mut lo, mut hi) = (0usize, FANOUT - 1);
-            while lo < hi {
-                let mid = (lo + hi) / 2;
-                let below = match words[mid].cmp(&kw) {
-                    Ordering::Less => true,
-                    Ordering::Greater => false,
-                    Ordering::Equal => match self.keys[id * (FANOUT - 1) + mid].cmp_key(key) {
-                        Ordering::Less => true,
-                        Ordering::Equal => strict,
-                        Ordering::Greater => false,
-                    },
-                };
-                if below {
-                    lo = mid + 1;
-                } else {
-                    hi = mid;
-                }
-            }
+            let keys = &self.keys[id * (FANOUT - 1)..];
+            let lo = first_covering(&self.words[id].0, kw, strict, |i| keys[i].cmp_key(key));
             id = id * FANOUT + 1 + lo;
         }
         id - self.inner_nodes

@@ -165,3 +165,62 @@ fn second_opener_is_refused_and_file_unchanged() {
     assert!(std::fs::read(&path).unwrap() == before);
     drop(db);
 }
+
+/// Lookup hints (DRAM fingerprints) are built on a leaf's first lookup, by
+/// whichever thread gets there first, while a writer may be appending to the
+/// same leaf. After each reopen every leaf starts without hints; readers
+/// race the writer to build them, and must never miss a key that was
+/// there before they looked, nor see a value older than one they saw.
+#[test]
+fn readers_building_lookup_hints_never_miss_a_key() {
+    let dir = pool_dir();
+    let path = dir.path().join("hints.nvs");
+    let opts = Options {
+        node_size: 1024,
+        ..Options::default()
+    };
+    let n = 4000u64;
+    let k = |i: u64| (i * 2).to_be_bytes();
+    {
+        let db = Db::create(&path, opts.clone()).unwrap();
+        for i in 0..n {
+            db.put(&k(i), &0u64.to_be_bytes()).unwrap();
+        }
+        db.close().unwrap();
+    }
+    for round in 1..=4u64 {
+        let db = Db::open(&path, opts.clone()).unwrap();
+        let stop = AtomicBool::new(false);
+        std::thread::scope(|s| {
+            let (db, stop) = (&db, &stop);
+            // The writer updates every key to `round` and inserts new odd keys,
+            // in the order the readers read.
+            s.spawn(move || {
+                for i in 0..n {
+                    db.put(&k(i), &round.to_be_bytes()).unwrap();
+                    db.put(&(i * 2 + 1).to_be_bytes(), b"new").unwrap();
+                }
+                stop.store(true, Ordering::Relaxed);
+            });
+            s.spawn(move || {
+                let mut passes = 0;
+                while !stop.load(Ordering::Relaxed) || passes == 0 {
+                    for i in 0..n {
+                        let v = db
+                            .get(&k(i))
+                            .unwrap()
+                            .unwrap_or_else(|| panic!("key {i} missing in round {round}"));
+                        let v = u64::from_be_bytes(v.try_into().unwrap());
+                        assert!(v == round || v == round - 1, "key {i}: {v} in round {round}");
+                    }
+                    passes += 1;
+                }
+            });
+        });
+        for i in 0..n {
+            assert_eq!(db.get(&k(i)).unwrap(), Some(round.to_be_bytes().to_vec()));
+        }
+        assert!(db.check().ok);
+        db.close().unwrap();
+    }
+}

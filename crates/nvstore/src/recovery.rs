@@ -228,7 +228,7 @@ fn rebuild_from_leaves<S: Space, L: LeafFormat>(
             Bound::PosInf
         } else {
             match l.max {
-                Some(m) => Bound::Key(m.into_boxed_slice()),
+                Some(m) => Bound::Key(m.into()),
                 None => prev.clone(),
             }
         };
@@ -314,7 +314,7 @@ fn load_saved<S: Space, L: LeafFormat>(
             let key = saved::get_bytes(&mut *it)?;
             let max = match tag {
                 0 => Bound::NegInf,
-                1 => Bound::Key(key.into_boxed_slice()),
+                1 => Bound::Key(key.into()),
                 2 => Bound::PosInf,
                 _ => return None,
             };

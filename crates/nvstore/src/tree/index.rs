@@ -36,7 +36,7 @@ pub const PLN_FILL: usize = 4;
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Bound {
     NegInf,
-    Key(Box<[u8]>),
+    Key(std::sync::Arc<[u8]>),
     PosInf,
 }
 

@@ -393,7 +393,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
             // Split: halves (already in key order, a key's versions never
             // parted) to two new leaves.
             let right_half = valid.split_off(mid);
-            let sep = Bound::Key(valid.last().expect("non-empty left half").key().into_boxed_slice());
+            let sep = Bound::Key(valid.last().expect("non-empty left half").key().into());
             new_entries.push((sep, 0, valid));
             new_entries.push((f.high.clone(), old_next, right_half));
             self.stats.splits.fetch_add(1, Ordering::Relaxed);
@@ -559,7 +559,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
         // Writers and readers that routed here with the old index route again.
         f.leaf.high.store(low, Ordering::Release);
         L::split_in_place(&*self.space, &f.leaf, off, &right);
-        let sep = Bound::Key(left.last().expect("a non-empty left part").key().into_boxed_slice());
+        let sep = Bound::Key(left.last().expect("a non-empty left part").key().into());
         let fresh = vec![
             Entry {
                 max: sep,
@@ -1124,7 +1124,7 @@ impl<S: Space, L: LeafFormat> RangeIter<S, L> {
                 self.buf = pairs;
                 match f.low {
                     Bound::NegInf => self.done = true,
-                    Bound::Key(k) => self.hi = RB::Included(k.into_vec()),
+                    Bound::Key(k) => self.hi = RB::Included(k.to_vec()),
                     Bound::PosInf => self.done = true,
                 }
             } else {
@@ -1132,7 +1132,7 @@ impl<S: Space, L: LeafFormat> RangeIter<S, L> {
                 self.buf = pairs;
                 match f.high {
                     Bound::PosInf => self.done = true,
-                    Bound::Key(k) => self.lo = RB::Excluded(k.into_vec()),
+                    Bound::Key(k) => self.lo = RB::Excluded(k.to_vec()),
                     Bound::NegInf => {}
                 }
             }

@@ -40,6 +40,38 @@ fn common_insert_flushes_two_lines_and_fences_twice() {
     assert_eq!(ThreadCounters::get().since(before).flushes, 0);
 }
 
+/// A rewritten leaf ends its built elements on a line boundary, so every
+/// update after it (NEGATIVE + new element, 64 bytes) flushes one element
+/// line and the count's: 2 flushes, where a pair straddling two lines
+/// flushes 3. Both parities of the compact prefix are exercised.
+#[test]
+fn updates_after_a_rewrite_flush_one_element_line() {
+    for keys in [50u64, 51] {
+        let db = sim_db_4k(4 << 20, LeafFormat::Nv);
+        for i in 0..keys {
+            db.put(&i.to_be_bytes(), &i.to_le_bytes()).unwrap();
+        }
+        // Update until the leaf is full and rewritten (a replace: fewer
+        // live keys than half its capacity), then count the next updates.
+        let stats = &db.tree().stats;
+        let mut round = 0u64;
+        while stats.replaces.load(std::sync::atomic::Ordering::Relaxed) == 0 {
+            round += 1;
+            db.put(&(round % keys).to_be_bytes(), &round.to_le_bytes()).unwrap();
+        }
+        for j in 0..30u64 {
+            let before = ThreadCounters::get();
+            db.put(&(j % keys).to_be_bytes(), &j.to_le_bytes()).unwrap();
+            let d = ThreadCounters::get().since(before);
+            assert_eq!(
+                (d.flushes, d.fences),
+                (2, 2),
+                "{keys} keys, update {j} after the rewrite"
+            );
+        }
+    }
+}
+
 #[test]
 fn random_inserts_amortise_splits() {
     // 4 KB leaves: 2 flushes per insert plus the amortised cost of copying

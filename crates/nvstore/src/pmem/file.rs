@@ -260,6 +260,19 @@ impl Space for FileSpace {
     }
 
     #[inline]
+    fn prefetch_write(&self, off: u64) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use core::arch::x86_64::{_mm_prefetch, _MM_HINT_ET0};
+            // SAFETY: a prefetch never faults and changes no memory; the
+            // address is inside the mapping (see `ptr`).
+            unsafe { _mm_prefetch::<_MM_HINT_ET0>(self.ptr(off, 8) as *const i8) };
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = off;
+    }
+
+    #[inline]
     fn load(&self, off: u64) -> u64 {
         self.word(off).load(Ordering::Acquire)
     }

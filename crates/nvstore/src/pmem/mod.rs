@@ -102,6 +102,12 @@ pub trait Space: Send + Sync + 'static {
         self.load(off)
     }
 
+    /// A hint that the line holding `off` is about to be written, so its
+    /// miss overlaps the work before the write. Changes no contents and
+    /// no persistence (a no-op where there is no cache to warm).
+    #[inline]
+    fn prefetch_write(&self, _off: u64) {}
+
     /// Flush then fence: the common "persist" step.
     #[inline]
     fn persist(&self, off: u64, len: u64, flush: Point, fence: Point) {

@@ -241,6 +241,11 @@ pub struct Model {
     /// makes the model refuse enlargements that pay. Measured as the tree
     /// runs ([`Profile::record_split`]); 0 until the first split.
     pub split_fixed_ns: f64,
+    /// The share of a leaf's lines one in-node search reads (set by the
+    /// leaf format, not measured): 1 for a format that scans every element,
+    /// less for one that tests DRAM fingerprints first and reads only the
+    /// elements that match (see [`crate::tree::leaf::LeafFormat::SEARCH_LINE_SHARE`]).
+    pub search_line_share: f64,
 }
 
 impl Default for Model {
@@ -252,6 +257,7 @@ impl Default for Model {
             write_fixed_ns: 100.0,
             write_line_ns: 20.0,
             split_fixed_ns: 0.0,
+            search_line_share: 1.0,
         }
     }
 }
@@ -260,6 +266,13 @@ impl Model {
     /// Time to read (scan) a node of `size` bytes.
     pub fn t_r(&self, size: u64) -> f64 {
         self.read_fixed_ns + self.read_line_ns * size.div_ceil(LINE) as f64
+    }
+    /// What one in-node search pays for `size` bytes more node to search
+    /// (Eq. 2 and 3 use `T_r` for it): the lines of them the search reads.
+    /// The fixed cost of `T_r` is left out: every search pays it whatever
+    /// the node's size, so it is no extra cost of a larger node.
+    pub fn t_scan(&self, size: u64) -> f64 {
+        self.read_line_ns * size.div_ceil(LINE) as f64 * self.search_line_share
     }
     /// Time to write, flush and fence a node of `size` bytes.
     pub fn t_w(&self, size: u64) -> f64 {
@@ -276,14 +289,14 @@ impl Model {
     /// it adds in-node scanning.
     pub fn enlarge_pays(&self, old: u64, new: u64, c: &Counts) -> bool {
         let positive = self.split_cost(old);
-        let negative = ((new - old) / ELEM_SIZE) as f64 * c.search_ratio() * self.t_r(old) * 2.0;
+        let negative = ((new - old) / ELEM_SIZE) as f64 * c.search_ratio() * self.t_scan(old) * 2.0;
         positive > negative
     }
 
     /// Eq. 3 > Eq. 4: shrinking from `old` to `new` saves more scanning
     /// than the earlier split costs.
     pub fn shrink_pays(&self, old: u64, new: u64, c: &Counts) -> bool {
-        let positive = ((old - new) / ELEM_SIZE) as f64 * c.search_ratio() * self.t_r(new) * 2.0;
+        let positive = ((old - new) / ELEM_SIZE) as f64 * c.search_ratio() * self.t_scan(new) * 2.0;
         let negative = self.split_cost(new);
         positive > negative
     }
@@ -339,6 +352,7 @@ impl Model {
             write_fixed_ns: g(32, 1.0),
             write_line_ns: g(48, 16.0),
             split_fixed_ns: 0.0,
+            search_line_share: 1.0,
         })
     }
 }
@@ -405,6 +419,7 @@ fn fit(read: [f64; 2], write: [f64; 2]) -> Model {
         write_fixed_ns: fixed(write, wl),
         write_line_ns: wl,
         split_fixed_ns: 0.0,
+        search_line_share: 1.0,
     }
 }
 
@@ -445,6 +460,8 @@ pub struct Profile {
     /// Running mean of splits' DRAM-side cost in ns, as f64 bits
     /// ([`Model::split_fixed_ns`]).
     split_fixed: AtomicU64,
+    /// The leaf format's [`Model::search_line_share`].
+    search_line_share: f64,
     /// Leaves made larger / smaller than the leaf they replaced, and PLNs
     /// given a larger limit at rebuild.
     pub enlarged: AtomicU64,
@@ -453,7 +470,7 @@ pub struct Profile {
 }
 
 impl Profile {
-    pub fn new(leaves: u64) -> Profile {
+    pub fn new(leaves: u64, search_line_share: f64) -> Profile {
         Profile {
             strategy: AtomicU8::new(0),
             writes: Striped::default(),
@@ -461,6 +478,7 @@ impl Profile {
             leaves: AtomicU64::new(leaves),
             model: RwLock::new(Model::default()),
             split_fixed: AtomicU64::new(0f64.to_bits()),
+            search_line_share,
             enlarged: AtomicU64::new(0),
             shrunk: AtomicU64::new(0),
             hot_plns: AtomicU64::new(0),
@@ -485,6 +503,7 @@ impl Profile {
     pub fn model(&self) -> Model {
         Model {
             split_fixed_ns: f64::from_bits(self.split_fixed.load(Ordering::Relaxed)),
+            search_line_share: self.search_line_share,
             ..*self.model.read()
         }
     }
@@ -642,6 +661,7 @@ mod tests {
             write_fixed_ns: 0.0,
             write_line_ns: 10.0,
             split_fixed_ns: 0.0,
+            search_line_share: 1.0,
         }
     }
 
@@ -657,6 +677,31 @@ mod tests {
         assert!(m.enlarge_pays(1024, 1088, &counts(1000, 0)));
         // No reads: always pays.
         assert!(m.enlarge_pays(1024, 2048, &counts(1, 0)));
+    }
+
+    #[test]
+    fn extra_search_cost_is_the_lines_a_search_reads() {
+        // The fixed read cost prices the split (Eq. 1) but not the larger
+        // node's extra search (Eq. 2): positive 116 + 160 = 276, negative
+        // 32 * R * 16 * 2 = 1024 R, pays while R < 0.2695.
+        let fixed = Model {
+            read_fixed_ns: 100.0,
+            ..crafted()
+        };
+        assert!(fixed.enlarge_pays(1024, 2048, &counts(1000, 269)));
+        assert!(!fixed.enlarge_pays(1024, 2048, &counts(1000, 270)));
+        // A search that reads 1/32 of the lines (nv fingerprints): the
+        // negative is 32 * R * 0.5 * 2 = 32 R, pays while R < 5.5.
+        let hinted = Model {
+            search_line_share: 1.0 / 32.0,
+            ..crafted()
+        };
+        assert_eq!(hinted.t_scan(1024), 0.5);
+        assert!(hinted.enlarge_pays(1024, 2048, &counts(1000, 5499)));
+        assert!(!hinted.enlarge_pays(1024, 2048, &counts(1000, 5501)));
+        // Shrinking saves as little: Eq. 3 is 2 * R * 15/32 * 2 against 175.
+        assert!(!hinted.shrink_pays(1024, 960, &counts(100, 9300)));
+        assert!(hinted.shrink_pays(1024, 960, &counts(100, 9400)));
     }
 
     #[test]
@@ -685,6 +730,7 @@ mod tests {
         // The DRAM side of a split makes the doubling pay: 176 + 400 > 512.
         let m = Model {
             split_fixed_ns: 400.0,
+            search_line_share: 1.0,
             ..crafted()
         };
         assert_eq!(m.split_cost(1024), 576.0);
@@ -699,7 +745,7 @@ mod tests {
 
     #[test]
     fn split_cost_is_a_damped_running_mean() {
-        let p = Profile::new(1);
+        let p = Profile::new(1, 1.0);
         p.set_model(crafted());
         // 1 KiB into two 512s: medium part 16 + 2 * 80 = 176 ns.
         p.record_split(1024, &[512, 512], 1176.0);
@@ -766,6 +812,7 @@ mod tests {
             write_fixed_ns: 120.0,
             write_line_ns: 300.0625,
             split_fixed_ns: 0.0,
+            search_line_share: 1.0,
         };
         let w = m.encode(300);
         assert_eq!(Model::decode(w, 300), Some(m));

@@ -98,25 +98,46 @@ impl Pln {
 /// `full(i)` orders bound `i` against the whole key, asked only on a tie.
 #[inline]
 fn first_covering(words: &[u64], kw: u64, strict: bool, full: impl Fn(usize) -> Ordering) -> usize {
-    let (mut lo, mut hi) = (0usize, words.len());
-    while lo < hi {
-        let mid = (lo + hi) / 2;
-        let below = match words[mid].cmp(&kw) {
-            Ordering::Less => true,
-            Ordering::Greater => false,
-            Ordering::Equal => match full(mid) {
+    let mut lo = partition(words, |w| w < kw);
+    if lo < words.len() && words[lo] == kw {
+        // Bounds whose word ties with the key's (keys sharing their first
+        // 8 bytes): ordered by their full keys, searched in halves too.
+        let mut hi = lo + partition(&words[lo..], |w| w == kw);
+        while lo < hi {
+            let mid = (lo + hi) / 2;
+            let below = match full(mid) {
                 Ordering::Less => true,
                 Ordering::Equal => strict,
                 Ordering::Greater => false,
-            },
-        };
-        if below {
-            lo = mid + 1;
-        } else {
-            hi = mid;
+            };
+            if below {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
         }
     }
     lo
+}
+
+/// The number of leading `words` that satisfy `pred` (which holds for a
+/// prefix of them): a binary search without branches on the data. The
+/// comparisons of a routing step are unpredictable, and a mispredicted
+/// branch per step cost more than the loads.
+#[inline]
+fn partition(words: &[u64], pred: impl Fn(u64) -> bool) -> usize {
+    let n = words.len();
+    if n == 0 {
+        return 0;
+    }
+    let (mut base, mut size) = (0usize, n);
+    while size > 1 {
+        let half = size / 2;
+        let mid = base + half;
+        base = if pred(words[mid]) { mid } else { base };
+        size -= half;
+    }
+    base + pred(words[base]) as usize
 }
 
 /// A leaf found by routing, with the range of keys it covers.
@@ -436,6 +457,37 @@ mod tests {
                 leaf: Arc::new(LeafRef::new(1000 + i as u64)),
             })
             .collect()
+    }
+
+    #[test]
+    fn first_covering_matches_a_linear_scan_with_ties() {
+        // Bounds as (word, rest of the key) in order, many sharing a word.
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        let mut rnd = move |m: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % m
+        };
+        for n in [0usize, 1, 2, 3, 7, 31, 64, 65, 200] {
+            for _ in 0..50 {
+                let mut b: Vec<(u64, u64)> = (0..n).map(|_| (rnd(6) * 10, rnd(5))).collect();
+                b.sort_unstable();
+                let words: Vec<u64> = b.iter().map(|e| e.0).collect();
+                for kw in 0..62 {
+                    for rest in 0..6 {
+                        for strict in [false, true] {
+                            let got = first_covering(&words, kw, strict, |i| b[i].1.cmp(&rest));
+                            let want = b
+                                .iter()
+                                .position(|&e| if strict { e > (kw, rest) } else { e >= (kw, rest) })
+                                .unwrap_or(n);
+                            assert_eq!(got, want, "{b:?} key ({kw}, {rest}) strict {strict}");
+                        }
+                    }
+                }
+            }
+        }
     }
 
     #[test]

@@ -9,6 +9,8 @@ use std::ops::Bound as RB;
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 
+use rustc_hash::FxHashSet;
+
 use super::mvcc::Clock;
 use super::LeafRef;
 use crate::format::blob;
@@ -180,9 +182,20 @@ pub fn collate_in<S: Space>(s: &S, leaf: u64, n: u64, keep: Keep, lo: &RB<Vec<u8
         RB::Unbounded => u64::MAX,
     };
     let bounded = !matches!((lo, hi), (RB::Unbounded, RB::Unbounded));
-    let mut all: Vec<Slot> = Vec::with_capacity(n as usize);
+    // Most of a hot leaf's elements are left out below: a buffer for all
+    // of them would be a large allocation per rewrite for nothing.
+    let mut all: Vec<Slot> = Vec::with_capacity((n as usize).min(256));
     let layout = Layout::read(s, leaf);
-    for i in 0..n {
+    // Per key, every element older than the newest one at or below `bar`
+    // is read by no snapshot `keep` serves: it is left out before the sort
+    // (a hot leaf holds hundreds of versions of a few keys). Elements with
+    // a blob stay, so the blobs of the ones dropped are found below; long
+    // keys stay too (their identity needs the key bytes).
+    let bar = match keep {
+        Keep::At(ts) | Keep::Since(ts) => ts,
+    };
+    let mut settled: FxHashSet<(u64, u8)> = FxHashSet::with_capacity_and_hasher(64, Default::default());
+    for i in (0..n).rev() {
         if bounded {
             let kw = layout.key_word(s, i);
             if kw < lo_word || kw > hi_word {
@@ -194,7 +207,16 @@ pub fn collate_in<S: Space>(s: &S, leaf: u64, n: u64, keep: Keep, lo: &RB<Vec<u8
             .expect("published element has valid meta")
             .key_inline
         {
-            Some(_) => None,
+            Some(len) => {
+                let key = (words[0], len);
+                if words[1] == 0 && settled.contains(&key) {
+                    continue;
+                }
+                if words[3] & nv::VERSION_MASK <= bar {
+                    settled.insert(key);
+                }
+                None
+            }
             None => Some(element_key(s, &words).into_boxed_slice()),
         };
         let slot = Slot {
@@ -207,7 +229,8 @@ pub fn collate_in<S: Space>(s: &S, leaf: u64, n: u64, keep: Keep, lo: &RB<Vec<u8
         }
         all.push(slot);
     }
-    all.sort_by(|a, b| a.key_cmp(b)); // stable: equal keys stay in append order
+    all.reverse(); // append order
+    let all = key_order(all);
     let max_key = all.last().map(|x| x.key());
     let max_version = all.iter().map(|x| x.version()).max().unwrap_or(0);
     let mut valid = Vec::with_capacity(all.len());
@@ -274,6 +297,50 @@ pub fn collate_in<S: Space>(s: &S, leaf: u64, n: u64, keep: Keep, lo: &RB<Vec<u8
         max_key,
         max_version,
     }
+}
+
+/// `slots` (in append order) stably sorted by key: equal keys stay in
+/// append order, which is version order.
+///
+/// A rewrite collates a whole leaf, and an enlarged leaf holds hundreds of
+/// versions of a few keys, so this is the rewrite's main cost. Positions
+/// are sorted as plain integers (key word, then position) and the slots are
+/// moved once; only a run of one key word that holds several keys (inline
+/// keys of different lengths, long keys sharing their first 8 bytes) needs
+/// [`Slot::key_cmp`], and a stable sort of that run alone (it is in append
+/// order) gives what one stable sort by `key_cmp` gives.
+fn key_order(mut slots: Vec<Slot>) -> Vec<Slot> {
+    let mut order: Vec<u128> = slots
+        .iter()
+        .enumerate()
+        .map(|(p, e)| (e.words[0] as u128) << 64 | p as u128)
+        .collect();
+    order.sort_unstable();
+    let mut sorted: Vec<Slot> = order
+        .iter()
+        .map(|&o| {
+            let hole = Slot {
+                words: [0; 4],
+                long_key: None,
+                settled: false,
+            };
+            std::mem::replace(&mut slots[o as u64 as usize], hole)
+        })
+        .collect();
+    let mut i = 0;
+    while i < sorted.len() {
+        let w = sorted[i].words[0];
+        let mut j = i + 1;
+        while j < sorted.len() && sorted[j].words[0] == w {
+            j += 1;
+        }
+        let run = &mut sorted[i..j];
+        if run.len() > 1 && run.iter().any(|e| e.key_cmp(&run[0]).is_ne()) {
+            run.sort_by(|a, b| a.key_cmp(b));
+        }
+        i = j;
+    }
+    sorted
 }
 
 /// What a leaf search found for a key.
@@ -350,6 +417,11 @@ pub trait LeafFormat: Send + Sync + 'static {
 
     /// Whether a split keeps the left half in place ([`LeafFormat::split_in_place`]).
     const SPLITS_IN_PLACE: bool = false;
+
+    /// The share of a leaf's lines one search reads, for the adaptive
+    /// model's in-node search cost ([`super::adaptive::Model::t_scan`]):
+    /// 1 for a search that reads every element.
+    const SEARCH_LINE_SHARE: f64 = 1.0;
 
     /// [`LeafFormat::build`] of a leaf that replaces one whose `low` (the
     /// bound a STALE predecessor filters by) was `low`.
@@ -797,14 +869,39 @@ impl LeafFormat for Nv {
         // and a settled element first among them, so the prefix comes out
         // in strictly increasing key order, one entry per key, each before
         // the key's full elements (version order kept).
-        let mut compact: Vec<&Slot> = Vec::new();
-        let mut full: Vec<&Slot> = Vec::with_capacity(elems.len());
-        for e in elems {
-            let fits = e.settled
-                && e.long_key.is_none()
-                && nv::compactable(&e.words)
-                && compact.last().is_none_or(|c| c.words[0] < e.words[0]);
-            if fits {
+        let fits: Vec<bool> = {
+            let mut last = None;
+            elems
+                .iter()
+                .map(|e| {
+                    let fits = e.settled
+                        && e.long_key.is_none()
+                        && nv::compactable(&e.words)
+                        && last.is_none_or(|w| w < e.words[0]);
+                    if fits {
+                        last = Some(e.words[0]);
+                    }
+                    fits
+                })
+                .collect()
+        };
+        // An update appends two elements: when they start on a line, they
+        // flush one line instead of two. The first append goes where the
+        // built elements end, so if that is mid-line, the last one or two
+        // compact candidates are stored full instead (moving one shifts
+        // the end by half a line when the prefix has an even number of
+        // entries; two otherwise). Every later update keeps the alignment.
+        let candidates = fits.iter().filter(|&&f| f).count() as u64;
+        let full_count = elems.len() as u64 - candidates;
+        let end = |c: u64| nv::full_start(c) + (full_count + candidates - c) * nv::ELEM_SIZE;
+        let keep = [candidates, candidates.saturating_sub(1), candidates.saturating_sub(2)]
+            .into_iter()
+            .find(|&c| end(c) % LINE == 0)
+            .unwrap_or(candidates);
+        let mut compact: Vec<&Slot> = Vec::with_capacity(keep as usize);
+        let mut full: Vec<&Slot> = Vec::with_capacity(elems.len() - keep as usize);
+        for (e, &fit) in elems.iter().zip(&fits) {
+            if fit && (compact.len() as u64) < keep {
                 compact.push(e);
             } else {
                 full.push(e);
@@ -836,18 +933,31 @@ impl LeafFormat for Nv {
 
     const VERSIONED: bool = true;
 
+    /// A search tests the DRAM fingerprints, one byte per 32-byte element
+    /// (one line of them per 32 leaf lines), and reads only the elements
+    /// whose fingerprint matches: about one.
+    const SEARCH_LINE_SHARE: f64 = 1.0 / 32.0;
+
     fn read<S: Space>(s: &S, leaf: &LeafRef, key: &[u8], at: u64) -> Option<Option<Vec<u8>>> {
         let n = leaf.durable.load(Ordering::Acquire);
         Some(match Self::lookup_at(s, leaf, n, key, at) {
-            Lookup::Present(i) => Some(Self::value(s, leaf.off, i)),
+            Lookup::Present(i) => Some(element_value(s, &hints(s, leaf).layout(leaf.off).words(s, i))),
             Lookup::Absent => None,
         })
     }
 
     fn upsert<S: Space>(s: &S, leaf: &LeafRef, key: &[u8], value: &[u8], blob: u64, clock: &Clock) -> Written {
         let n = leaf.durable.load(Ordering::Relaxed);
+        // The lines the append will write (the next element's and the
+        // count's) are fetched while the lookup runs.
+        if n < Self::capacity(leaf.size) {
+            s.prefetch_write(hints(s, leaf).layout(leaf.off).elem(n));
+        }
+        s.prefetch_write(leaf.off + nv::COUNT_OFF);
+        // The old element's words (for its NEGATIVE twin), read through
+        // the cached layout: the header line was flushed by the last append.
         let old = match Self::lookup(s, leaf, n, key) {
-            Lookup::Present(i) => Some(Self::element(s, leaf.off, i)),
+            Lookup::Present(i) => Some(hints(s, leaf).layout(leaf.off).words(s, i)),
             Lookup::Absent => None,
         };
         let need = if old.is_some() { 2 } else { 1 };
@@ -857,7 +967,7 @@ impl LeafFormat for Nv {
         let w = clock.begin_write();
         let new = encode(key, value, blob, w.ts, false);
         match &old {
-            Some(o) => Self::append(s, leaf, n, &[negate(o.words, w.ts, false), new]),
+            Some(o) => Self::append(s, leaf, n, &[negate(*o, w.ts, false), new]),
             None => Self::append(s, leaf, n, &[new]),
         }
         leaf.durable.store(n + need, Ordering::Release);
@@ -881,9 +991,9 @@ impl LeafFormat for Nv {
         if n + 1 > Self::capacity(leaf.size) {
             return Removed::Full;
         }
-        let old = Self::element(s, leaf.off, i);
+        let old = hints(s, leaf).layout(leaf.off).words(s, i);
         let w = clock.begin_write();
-        Self::append(s, leaf, n, &[negate(old.words, w.ts, false)]);
+        Self::append(s, leaf, n, &[negate(old, w.ts, false)]);
         leaf.durable.store(n + 1, Ordering::Release);
         drop(w);
         Removed::Done {
@@ -1078,6 +1188,147 @@ mod tests {
             compact: 0,
             compact_version: 0,
             fp,
+        }
+    }
+
+    /// Elements of a leaf, in append order (key and words), and the blobs
+    /// they name (offset, key, value).
+    type Blobs = Vec<(u64, Vec<u8>, Vec<u8>)>;
+    type Elements = Vec<(Vec<u8>, [u64; 4])>;
+    fn history(seed: u64, steps: usize) -> (Elements, Blobs) {
+        // Keys share key words: inline keys that are prefixes of each
+        // other, and long keys with the same first 8 bytes.
+        let keys: Vec<Vec<u8>> = [
+            &b"a"[..],
+            b"a\0",
+            b"ab",
+            b"abcdefgh",
+            b"abcdefgh1",
+            b"abcdefgh22",
+            b"zz",
+            b"m",
+        ]
+        .iter()
+        .map(|k| k.to_vec())
+        .collect();
+        let mut x = seed | 1;
+        let mut rnd = move |m: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % m
+        };
+        let mut newest: HashMap<Vec<u8>, [u64; 4]> = HashMap::new();
+        let mut out = Vec::new();
+        let mut blobs = Vec::new();
+        let mut blob = 1 << 16;
+        for ts in 1..=steps as u64 {
+            let k = keys[rnd(keys.len() as u64) as usize].clone();
+            let old = newest.get(&k).copied();
+            if rnd(4) == 0 {
+                if let Some(o) = old {
+                    let neg = negate(o, ts, false);
+                    out.push((k.clone(), neg));
+                    newest.remove(&k);
+                }
+                continue;
+            }
+            let v: Vec<u8> = if rnd(3) == 0 { vec![7; 12] } else { vec![ts as u8; 8] };
+            let b = match blob_size(&k, &v) {
+                Some(sz) => {
+                    blob += sz.next_multiple_of(64);
+                    blobs.push((blob, k.clone(), v.clone()));
+                    blob
+                }
+                None => 0,
+            };
+            let new = encode(&k, &v, b, ts, false);
+            if let Some(o) = old {
+                out.push((k.clone(), negate(o, ts, false)));
+            }
+            out.push((k.clone(), new));
+            newest.insert(k, new);
+        }
+        (out, blobs)
+    }
+
+    /// What `collate` keeps, computed key by key from the append order.
+    fn expected(elems: &[(Vec<u8>, [u64; 4])], keep: Keep) -> Vec<([u64; 4], bool)> {
+        let mut by_key: std::collections::BTreeMap<Vec<u8>, Vec<[u64; 4]>> = Default::default();
+        for (k, w) in elems {
+            by_key.entry(k.clone()).or_default().push(*w);
+        }
+        let version = |w: &[u64; 4]| w[3] & nv::VERSION_MASK;
+        let negative = |w: &[u64; 4]| w[3] & nv::NEGATIVE != 0;
+        let mut out = Vec::new();
+        for run in by_key.values() {
+            match keep {
+                Keep::At(ts) => {
+                    if let Some(w) = run.iter().rev().find(|w| version(w) <= ts) {
+                        if !negative(w) {
+                            out.push((*w, false));
+                        }
+                    }
+                }
+                Keep::Since(oldest) => {
+                    let from = run.iter().rposition(|w| version(w) <= oldest).unwrap_or(0);
+                    let tail = &run[from..];
+                    let mut started = false;
+                    for (k, w) in tail.iter().enumerate() {
+                        let update_half = negative(w) && tail.get(k + 1).is_some_and(|n| version(n) == version(w));
+                        if update_half || (!started && negative(w)) {
+                            continue;
+                        }
+                        started = true;
+                        out.push((*w, k == 0 && version(w) <= oldest));
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn collate_keeps_what_each_key_history_says() {
+        let s = crate::pmem::sim::SimSpace::new(1 << 20);
+        for seed in 1..40u64 {
+            let (elems, blobs) = history(seed, 200);
+            for (off, k, v) in &blobs {
+                write_blob(&s, *off, k, v);
+            }
+            let slots: Vec<Slot> = elems
+                .iter()
+                .map(|(_, w)| Slot {
+                    words: *w,
+                    long_key: None,
+                    settled: false,
+                })
+                .collect();
+            let (leaf, size) = (4096, 32768);
+            Nv::build(&s, leaf, size, 0, &slots);
+            let top = elems.len() as u64;
+            for bar in [0, 1, top / 3, top / 2, top, u64::MAX] {
+                for keep in [Keep::At(bar), Keep::Since(bar)] {
+                    let c = collate(&s, leaf, elems.len() as u64, keep);
+                    let got: Vec<([u64; 4], bool)> = c.valid.iter().map(|e| (e.words, e.settled)).collect();
+                    let want = expected(&elems, keep);
+                    assert_eq!(got, want, "seed {seed} keep {keep:?}");
+                    assert_eq!(c.max_key, elems.iter().map(|(k, _)| k.clone()).max());
+                    let live = expected(&elems, Keep::At(u64::MAX)).len() as u64;
+                    assert_eq!(c.live, live, "seed {seed}");
+                    if let Keep::Since(_) = keep {
+                        let kept: std::collections::HashSet<u64> = c.valid.iter().map(|e| e.blob()).collect();
+                        let mut dropped: Vec<u64> = elems
+                            .iter()
+                            .map(|(_, w)| w[1])
+                            .filter(|&b| b != 0 && !kept.contains(&b))
+                            .collect();
+                        dropped.sort_unstable();
+                        dropped.dedup();
+                        assert_eq!(c.dropped_blobs, dropped, "seed {seed} keep {keep:?}");
+                    }
+                }
+            }
         }
     }
 

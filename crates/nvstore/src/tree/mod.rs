@@ -155,7 +155,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
             stats: TreeStats::default(),
             path,
             split_hook: Mutex::new(None),
-            adaptive: Profile::new(leaves),
+            adaptive: Profile::new(leaves, L::SEARCH_LINE_SHARE),
             _leaf: PhantomData,
         }
     }
@@ -355,8 +355,9 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
         );
         let (mut valid, mut dropped_blobs) = (c.valid, c.dropped_blobs);
         let old_next = L::next(&*self.space, leaf.off);
-        let base_cap = L::capacity(self.node_size);
-        let min_fill = base_cap / 2;
+        // The minimal fill factor is half of this leaf's own capacity
+        // (seed 000 §4.4), whatever size adaptivity gave it.
+        let min_fill = L::capacity(leaf.size) / 2;
 
         // Right sibling in the same PLN, for a merge.
         let right = idx.successor(f.pln, f.pos).filter(|(p, _, _)| *p == f.pln);

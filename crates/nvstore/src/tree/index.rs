@@ -98,46 +98,25 @@ impl Pln {
 /// `full(i)` orders bound `i` against the whole key, asked only on a tie.
 #[inline]
 fn first_covering(words: &[u64], kw: u64, strict: bool, full: impl Fn(usize) -> Ordering) -> usize {
-    let mut lo = partition(words, |w| w < kw);
-    if lo < words.len() && words[lo] == kw {
-        // Bounds whose word ties with the key's (keys sharing their first
-        // 8 bytes): ordered by their full keys, searched in halves too.
-        let mut hi = lo + partition(&words[lo..], |w| w == kw);
-        while lo < hi {
-            let mid = (lo + hi) / 2;
-            let below = match full(mid) {
+    let (mut lo, mut hi) = (0usize, words.len());
+    while lo < hi {
+        let mid = (lo + hi) / 2;
+        let below = match words[mid].cmp(&kw) {
+            Ordering::Less => true,
+            Ordering::Greater => false,
+            Ordering::Equal => match full(mid) {
                 Ordering::Less => true,
                 Ordering::Equal => strict,
                 Ordering::Greater => false,
-            };
-            if below {
-                lo = mid + 1;
-            } else {
-                hi = mid;
-            }
+            },
+        };
+        if below {
+            lo = mid + 1;
+        } else {
+            hi = mid;
         }
     }
     lo
-}
-
-/// The number of leading `words` that satisfy `pred` (which holds for a
-/// prefix of them): a binary search without branches on the data. The
-/// comparisons of a routing step are unpredictable, and a mispredicted
-/// branch per step cost more than the loads.
-#[inline]
-fn partition(words: &[u64], pred: impl Fn(u64) -> bool) -> usize {
-    let n = words.len();
-    if n == 0 {
-        return 0;
-    }
-    let (mut base, mut size) = (0usize, n);
-    while size > 1 {
-        let half = size / 2;
-        let mid = base + half;
-        base = if pred(words[mid]) { mid } else { base };
-        size -= half;
-    }
-    base + pred(words[base]) as usize
 }
 
 /// A leaf found by routing, with the range of keys it covers.

@@ -39,7 +39,9 @@
 //!   restarted from the leaves stays above every version ever stored). At
 //!   most one compact entry per key, the key's oldest element in the leaf;
 //!   the prefix is in strictly increasing key order, so a search stops at
-//!   the first larger key. `compact` and `compact_version` are written with the
+//!   the first larger key. A settled element may also be stored full (a
+//!   rewrite does so for one or two, so its elements end on a line
+//!   boundary and the next update's pair flushes one line). `compact` and `compact_version` are written with the
 //!   leaf, before it is linked, and never change; 0 in leaves written before
 //!   the prefix existed (which open unchanged). A split halves the bytes it
 //!   copies: 16 instead of 32 per kept element.

@@ -650,6 +650,12 @@ fn hints<'a, S: Space>(s: &S, leaf: &'a LeafRef) -> &'a Hints {
     })
 }
 
+/// The leaf's layout from its hints: reading elements through it reads no
+/// header line (which the last append flushed out of the cache).
+fn cached_layout<S: Space>(s: &S, leaf: &LeafRef) -> Layout {
+    hints(s, leaf).layout(leaf.off)
+}
+
 /// Encodes a new positive element; `blob` is 0 when key and value are inline.
 pub fn encode(key: &[u8], value: &[u8], blob_off: u64, version: u64, txn: bool) -> [u64; 4] {
     let meta = Meta {
@@ -941,23 +947,23 @@ impl LeafFormat for Nv {
     fn read<S: Space>(s: &S, leaf: &LeafRef, key: &[u8], at: u64) -> Option<Option<Vec<u8>>> {
         let n = leaf.durable.load(Ordering::Acquire);
         Some(match Self::lookup_at(s, leaf, n, key, at) {
-            Lookup::Present(i) => Some(element_value(s, &hints(s, leaf).layout(leaf.off).words(s, i))),
+            Lookup::Present(i) => Some(element_value(s, &cached_layout(s, leaf).words(s, i))),
             Lookup::Absent => None,
         })
     }
 
     fn upsert<S: Space>(s: &S, leaf: &LeafRef, key: &[u8], value: &[u8], blob: u64, clock: &Clock) -> Written {
         let n = leaf.durable.load(Ordering::Relaxed);
+        let layout = cached_layout(s, leaf);
         // The lines the append will write (the next element's and the
         // count's) are fetched while the lookup runs.
         if n < Self::capacity(leaf.size) {
-            s.prefetch_write(hints(s, leaf).layout(leaf.off).elem(n));
+            s.prefetch_write(layout.elem(n));
         }
         s.prefetch_write(leaf.off + nv::COUNT_OFF);
-        // The old element's words (for its NEGATIVE twin), read through
-        // the cached layout: the header line was flushed by the last append.
+        // The old element's words, for its NEGATIVE twin.
         let old = match Self::lookup(s, leaf, n, key) {
-            Lookup::Present(i) => Some(hints(s, leaf).layout(leaf.off).words(s, i)),
+            Lookup::Present(i) => Some(layout.words(s, i)),
             Lookup::Absent => None,
         };
         let need = if old.is_some() { 2 } else { 1 };
@@ -991,7 +997,7 @@ impl LeafFormat for Nv {
         if n + 1 > Self::capacity(leaf.size) {
             return Removed::Full;
         }
-        let old = hints(s, leaf).layout(leaf.off).words(s, i);
+        let old = cached_layout(s, leaf).words(s, i);
         let w = clock.begin_write();
         Self::append(s, leaf, n, &[negate(old, w.ts, false)]);
         leaf.durable.store(n + 1, Ordering::Release);

@@ -109,6 +109,9 @@ unsafe impl Sync for FileSpace {}
 
 const MAP_SYNC_FLAGS: libc::c_int = libc::MAP_SHARED_VALIDATE | libc::MAP_SYNC;
 
+/// How long `open` waits for a pool's lock before reporting it locked.
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_millis(200);
+
 impl FileSpace {
     /// Opens or creates `path` as described by `opts`.
     pub fn open(path: &Path, opts: &FileOptions) -> Result<FileSpace> {
@@ -120,15 +123,26 @@ impl FileSpace {
         }
         let file = oo.open(path).map_err(|e| Error::io(path, e))?;
 
-        // Advisory lock: one writer, or any number of readers.
+        // Advisory lock: one writer, or any number of readers. A lock held
+        // only for a moment is waited for (LOCK_WAIT): a child process
+        // this program forks holds a copy of every descriptor, the lock
+        // included, until it execs, so a pool closed and reopened while
+        // another thread spawns a process can find its own lock still held.
         let lock = if writable { libc::LOCK_EX } else { libc::LOCK_SH };
-        // SAFETY: flock on a file descriptor we own.
-        if unsafe { libc::flock(file.as_raw_fd(), lock | libc::LOCK_NB) } != 0 {
+        let started = std::time::Instant::now();
+        loop {
+            // SAFETY: flock on a file descriptor we own.
+            if unsafe { libc::flock(file.as_raw_fd(), lock | libc::LOCK_NB) } == 0 {
+                break;
+            }
             let e = std::io::Error::last_os_error();
-            if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+            if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
+                return Err(Error::io(path, e));
+            }
+            if started.elapsed() >= LOCK_WAIT {
                 return Err(Error::Locked { path: path.into() });
             }
-            return Err(Error::io(path, e));
+            std::thread::sleep(std::time::Duration::from_millis(1));
         }
 
         let size = match opts.mode {

@@ -7,7 +7,7 @@
 use std::ops::Bound as RB;
 
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use rustc_hash::FxHashSet;
 
@@ -559,6 +559,108 @@ pub struct Hints {
     /// Eight fingerprints per word (element `i` in byte `i % 8` of word
     /// `i / 8`), so a lookup tests eight elements at once.
     fp: Box<[std::sync::atomic::AtomicU64]>,
+    /// Leaves of more than [`KeyTable::MIN_CAPACITY`] elements (enlarged
+    /// ones, mostly) also map each key word to its newest element, so a
+    /// lookup there reads one table slot and one element instead of
+    /// scanning fingerprints back to the key's last write.
+    table: Option<KeyTable>,
+}
+
+/// Key word → index of the newest element with that key word, for one
+/// leaf: open addressing with linear probing over one `u32` per slot (a
+/// 16-bit tag of the key word's hash and the index plus one; 0 is empty),
+/// at least two slots per element so probes stay short. Entries are only
+/// added or moved to newer elements, by the leaf's one writer before its
+/// count publishes them; readers probe without locks. Every answer is
+/// checked against the element it names, and anything the table cannot
+/// decide (a shared key word, a tag collision, a version newer than the
+/// reader's snapshot, an element not yet published) falls back to the
+/// fingerprint scan, so the table only ever makes a lookup shorter.
+struct KeyTable {
+    slots: Box<[std::sync::atomic::AtomicU32]>,
+    mask: usize,
+    /// Elements `0..noted` have all been noted, in order.
+    noted: AtomicU64,
+    /// An element was noted out of order: the table may miss elements
+    /// and is no longer used.
+    gap: std::sync::atomic::AtomicBool,
+}
+
+impl KeyTable {
+    /// Leaves holding at most this many elements scan their fingerprints
+    /// (at most sixteen words, two lines) and keep no table.
+    const MIN_CAPACITY: u64 = 128;
+
+    fn new(capacity: u64) -> Option<KeyTable> {
+        // Indices and the empty mark share 16 bits.
+        if capacity <= Self::MIN_CAPACITY || capacity >= u16::MAX as u64 {
+            return None;
+        }
+        let len = (2 * capacity).next_power_of_two() as usize;
+        Some(KeyTable {
+            slots: (0..len).map(|_| Default::default()).collect(),
+            mask: len - 1,
+            noted: AtomicU64::new(0),
+            gap: Default::default(),
+        })
+    }
+
+    /// The home slot and tag of key word `kw`.
+    #[inline]
+    fn place(&self, kw: u64) -> (usize, u32) {
+        // A full 64-bit mix (murmur3's finaliser): key words of
+        // sequential keys differ only in their low bytes.
+        let mut h = kw;
+        h ^= h >> 33;
+        h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+        h ^= h >> 33;
+        h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+        h ^= h >> 33;
+        ((h >> 32) as usize & self.mask, (h as u32) & 0xffff)
+    }
+
+    /// The index the slot of `kw`'s tag names, if any.
+    #[inline]
+    fn find(&self, kw: u64) -> Option<u64> {
+        let (mut p, tag) = self.place(kw);
+        loop {
+            let e = self.slots[p].load(Ordering::Relaxed);
+            if e == 0 {
+                return None;
+            }
+            if e >> 16 == tag {
+                return Some((e & 0xffff) as u64 - 1);
+            }
+            p = (p + 1) & self.mask;
+        }
+    }
+
+    /// Element `i` has key word `kw` (the writer, before publishing it).
+    #[inline]
+    fn note(&self, i: u64, kw: u64) {
+        let (mut p, tag) = self.place(kw);
+        loop {
+            let e = self.slots[p].load(Ordering::Relaxed);
+            if e == 0 || e >> 16 == tag {
+                self.slots[p].store(tag << 16 | (i + 1) as u32, Ordering::Relaxed);
+                break;
+            }
+            p = (p + 1) & self.mask;
+        }
+        let noted = self.noted.load(Ordering::Relaxed);
+        if i == noted {
+            self.noted.store(i + 1, Ordering::Relaxed);
+        } else if i > noted {
+            self.gap.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// The table has noted every element below `n` (which the caller read
+    /// from the leaf's published count, so the notes are visible).
+    #[inline]
+    fn covers(&self, n: u64) -> bool {
+        n <= self.noted.load(Ordering::Relaxed) && !self.gap.load(Ordering::Relaxed)
+    }
 }
 
 const ONES: u64 = 0x0101_0101_0101_0101;
@@ -620,6 +722,9 @@ impl Hints {
         let shift = (i % 8) * 8;
         let w = word.load(Ordering::Relaxed) & !(0xff << shift);
         word.store(w | (fingerprint(kw) as u64) << shift, Ordering::Relaxed);
+        if let Some(t) = &self.table {
+            t.note(i, kw);
+        }
     }
 }
 
@@ -639,6 +744,7 @@ fn hints<'a, S: Space>(s: &S, leaf: &'a LeafRef) -> &'a Hints {
             compact: layout.compact,
             compact_version: layout.compact_version,
             fp,
+            table: KeyTable::new(cap),
         };
         // Elements published now; any appended later note their own (or,
         // if their writer missed these hints, stay unknown).
@@ -654,6 +760,77 @@ fn hints<'a, S: Space>(s: &S, leaf: &'a LeafRef) -> &'a Hints {
 /// header line (which the last append flushed out of the cache).
 fn cached_layout<S: Space>(s: &S, leaf: &LeafRef) -> Layout {
     hints(s, leaf).layout(leaf.off)
+}
+
+/// Full element `i` as the newest for `key` (key word `kw`) at `at`, if it
+/// holds that key and is visible at `at`.
+#[inline]
+fn full_match<S: Space>(s: &S, layout: &Layout, i: u64, key: &[u8], kw: u64, at: u64) -> Option<Newest> {
+    let e = layout.elem(i);
+    if s.read_u64(e + nv::E_KEY_WORD) != kw {
+        return None;
+    }
+    let meta_w = s.read_u64(e + nv::E_META);
+    if meta_w & nv::VERSION_MASK > at {
+        return None;
+    }
+    let meta = Meta::decode(meta_w).expect("published element has valid meta");
+    let same = match meta.key_inline {
+        Some(l) => l as usize == key.len(),
+        None => {
+            key.len() > 8 && {
+                let b = s.read_u64(e + nv::E_BLOB);
+                let (kl, _) = blob::lens(s.read_u64(b));
+                kl as usize == key.len() && {
+                    let mut k = vec![0u8; key.len()];
+                    s.read(b + blob::DATA_OFF, &mut k);
+                    k == key
+                }
+            }
+        }
+    };
+    same.then_some(Newest {
+        index: i,
+        negative: meta.negative,
+        version: meta.version,
+    })
+}
+
+/// The newest element for `key` among the first `n` at `at`, from the key
+/// table: `Some(answer)` when the table decides, `None` when the
+/// fingerprint scan must.
+#[inline]
+fn newest_by_table<S: Space>(
+    s: &S,
+    t: &KeyTable,
+    layout: &Layout,
+    n: u64,
+    key: &[u8],
+    kw: u64,
+    at: u64,
+) -> Option<Option<Newest>> {
+    if !t.covers(n) {
+        return None;
+    }
+    // No element below `n` has this key word.
+    let Some(i) = t.find(kw) else {
+        return Some(None);
+    };
+    // The newest element with this key word (or with a word whose tag
+    // collides): if it holds `key` and is visible at `at`, it is `key`'s
+    // newest; otherwise an older element may be, and the scan looks.
+    if i >= n {
+        return None;
+    }
+    if i < layout.compact {
+        let hit = key.len() == 8 && layout.compact_version <= at && layout.key_word(s, i) == kw;
+        return hit.then_some(Some(Newest {
+            index: i,
+            negative: false,
+            version: layout.compact_version,
+        }));
+    }
+    full_match(s, layout, i, key, kw, at).map(Some)
 }
 
 /// Encodes a new positive element; `blob` is 0 when key and value are inline.
@@ -770,39 +947,15 @@ impl LeafFormat for Nv {
         // cancels the positive it follows, seed 000 §4.3). Full elements
         // are newer than the compact prefix. Only elements whose
         // fingerprint matches (or is unknown) are read from the leaf.
+        if let Some(t) = &h.table {
+            if let Some(found) = newest_by_table(s, t, &layout, n, key, kw, at) {
+                return found;
+            }
+        }
         let mut found = None;
         h.candidates(layout.compact, n, fk, |i| {
-            let e = layout.elem(i);
-            if s.read_u64(e + nv::E_KEY_WORD) != kw {
-                return false;
-            }
-            let meta_w = s.read_u64(e + nv::E_META);
-            if meta_w & nv::VERSION_MASK > at {
-                return false;
-            }
-            let meta = Meta::decode(meta_w).expect("published element has valid meta");
-            let same = match meta.key_inline {
-                Some(l) => l as usize == key.len(),
-                None => {
-                    key.len() > 8 && {
-                        let b = s.read_u64(e + nv::E_BLOB);
-                        let (kl, _) = blob::lens(s.read_u64(b));
-                        kl as usize == key.len() && {
-                            let mut k = vec![0u8; key.len()];
-                            s.read(b + blob::DATA_OFF, &mut k);
-                            k == key
-                        }
-                    }
-                }
-            };
-            if same {
-                found = Some(Newest {
-                    index: i,
-                    negative: meta.negative,
-                    version: meta.version,
-                });
-            }
-            same
+            found = full_match(s, &layout, i, key, kw, at);
+            found.is_some()
         });
         // The prefix holds only 8-byte keys, one entry per key.
         if found.is_some() || key.len() != 8 || layout.compact_version > at {
@@ -1194,6 +1347,7 @@ mod tests {
             compact: 0,
             compact_version: 0,
             fp,
+            table: None,
         }
     }
 
@@ -1202,9 +1356,13 @@ mod tests {
     type Blobs = Vec<(u64, Vec<u8>, Vec<u8>)>;
     type Elements = Vec<(Vec<u8>, [u64; 4])>;
     fn history(seed: u64, steps: usize) -> (Elements, Blobs) {
-        // Keys share key words: inline keys that are prefixes of each
-        // other, and long keys with the same first 8 bytes.
-        let keys: Vec<Vec<u8>> = [
+        history_of(&shared_word_keys(), seed, steps, 1)
+    }
+
+    /// Keys that share key words: inline keys that are prefixes of each
+    /// other, and long keys with the same first 8 bytes.
+    fn shared_word_keys() -> Vec<Vec<u8>> {
+        [
             &b"a"[..],
             b"a\0",
             b"ab",
@@ -1216,7 +1374,12 @@ mod tests {
         ]
         .iter()
         .map(|k| k.to_vec())
-        .collect();
+        .collect()
+    }
+
+    /// Random writes and deletes of `keys` at versions from `first_ts`, as
+    /// the elements they append, in order.
+    fn history_of(keys: &[Vec<u8>], seed: u64, steps: usize, first_ts: u64) -> (Elements, Blobs) {
         let mut x = seed | 1;
         let mut rnd = move |m: u64| {
             x ^= x << 13;
@@ -1227,8 +1390,8 @@ mod tests {
         let mut newest: HashMap<Vec<u8>, [u64; 4]> = HashMap::new();
         let mut out = Vec::new();
         let mut blobs = Vec::new();
-        let mut blob = 1 << 16;
-        for ts in 1..=steps as u64 {
+        let mut blob = (1 << 16) + (first_ts - 1) * 256;
+        for ts in first_ts..first_ts + steps as u64 {
             let k = keys[rnd(keys.len() as u64) as usize].clone();
             let old = newest.get(&k).copied();
             if rnd(4) == 0 {
@@ -1256,6 +1419,18 @@ mod tests {
             newest.insert(k, new);
         }
         (out, blobs)
+    }
+
+    /// Elements as slots to build a leaf from, none settled.
+    fn unsettled(elems: &Elements) -> Vec<Slot> {
+        elems
+            .iter()
+            .map(|(_, w)| Slot {
+                words: *w,
+                long_key: None,
+                settled: false,
+            })
+            .collect()
     }
 
     /// What `collate` keeps, computed key by key from the append order.
@@ -1302,14 +1477,7 @@ mod tests {
             for (off, k, v) in &blobs {
                 write_blob(&s, *off, k, v);
             }
-            let slots: Vec<Slot> = elems
-                .iter()
-                .map(|(_, w)| Slot {
-                    words: *w,
-                    long_key: None,
-                    settled: false,
-                })
-                .collect();
+            let slots = unsettled(&elems);
             let (leaf, size) = (4096, 32768);
             Nv::build(&s, leaf, size, 0, &slots);
             let top = elems.len() as u64;
@@ -1336,6 +1504,86 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn key_table_lookups_match_a_linear_scan() {
+        let s = crate::pmem::sim::SimSpace::new(1 << 20);
+        let mut keys = shared_word_keys();
+        keys.extend((0..40).map(|i| format!("k{i:07}").into_bytes()));
+        let queries: Vec<Vec<u8>> = keys
+            .iter()
+            .cloned()
+            .chain([&b"q"[..], b"abcdefgh333", b"k999999z", b"a\0\0"].map(|k| k.to_vec()))
+            .collect();
+        let (mut decided, mut asked) = (0u64, 0u64);
+        for seed in 1..25u64 {
+            // A leaf rebuilt from an earlier history (so 8-byte keys with
+            // 8-byte values form a compact prefix), then appended to.
+            let (old, old_blobs) = history_of(&keys, seed, 150, 1);
+            let (new, new_blobs) = history_of(&keys, seed ^ 0x5555, 120, 1000);
+            for (off, k, v) in old_blobs.iter().chain(&new_blobs) {
+                write_blob(&s, *off, k, v);
+            }
+            let scratch = unsettled(&old);
+            Nv::build(&s, 4096, 32768, 0, &scratch);
+            let kept = collate(&s, 4096, scratch.len() as u64, Keep::Since(u64::MAX)).valid;
+            let (off, size) = (36864, 8192);
+            Nv::build(&s, off, size, 0, &kept);
+            let leaf = LeafRef::with(off, size, kept.len() as u64);
+            assert!(hints(&s, &leaf).table.is_some());
+            assert!(Layout::read(&s, off).compact > 0, "seed {seed}");
+            let mut n = kept.len() as u64;
+            for (step, (_, w)) in new.iter().enumerate() {
+                Nv::append(&s, &leaf, n, &[*w]);
+                n += 1;
+                leaf.durable.store(n, Ordering::Release);
+                if step % 7 != 0 {
+                    continue;
+                }
+                let layout = Layout::read(&s, off);
+                // A reader may hold an older count than the writer has noted.
+                let oracle = |n: u64, key: &[u8], at: u64| {
+                    (0..n).rev().find_map(|i| {
+                        let w = layout.words(&s, i);
+                        let version = w[3] & nv::VERSION_MASK;
+                        (element_key(&s, &w) == key && version <= at).then_some((i, w[3] & nv::NEGATIVE != 0, version))
+                    })
+                };
+                let t = hints(&s, &leaf).table.as_ref().unwrap();
+                for (q, r) in queries.iter().flat_map(|q| [(q, n), (q, n - n.min(3))]) {
+                    for at in [0, 1, 75, 149, 150, 1000, 1000 + step as u64 / 2, u64::MAX] {
+                        let want = oracle(r, q, at);
+                        let got = Nv::newest(&s, &leaf, r, q, at).map(|e| (e.index, e.negative, e.version));
+                        assert_eq!(got, want, "seed {seed} step {step} key {q:?} at {at} count {r}");
+                        let by_table = newest_by_table(&s, t, &layout, r, q, nv::key_word(q), at);
+                        if let Some(by_table) = by_table {
+                            assert_eq!(by_table.map(|e| (e.index, e.negative, e.version)), want);
+                        }
+                        if at == u64::MAX && r == n {
+                            asked += 1;
+                            decided += by_table.is_some() as u64;
+                        }
+                    }
+                }
+            }
+        }
+        // Most lookups of the newest state (a writer's) never reach the scan.
+        assert!(decided * 10 > asked * 9, "table decided {decided} of {asked}");
+    }
+
+    #[test]
+    fn key_table_notes_out_of_order_stop_its_use() {
+        let t = KeyTable::new(200).unwrap();
+        assert!(KeyTable::new(KeyTable::MIN_CAPACITY).is_none());
+        for i in 0..10 {
+            t.note(i, i % 3);
+        }
+        assert!(t.covers(10) && !t.covers(11));
+        assert_eq!(t.find(1), Some(7));
+        assert_eq!(t.find(3), None);
+        t.note(12, 5);
+        assert!(!t.covers(10));
     }
 
     #[test]

@@ -78,6 +78,25 @@ fn campaign_with_adaptive_leaf_sizes_finds_no_violation() {
     }
 }
 
+/// Leaves of more than 128 elements look keys up through a DRAM key table;
+/// with 8 KiB nodes every leaf has one, on the main line and in every
+/// recovered image the campaign reads back.
+#[test]
+fn campaign_with_key_tables_finds_no_violation() {
+    let r = crashtest::run(&Config {
+        ops: 800,
+        seed: 11,
+        keys: 100,
+        node_size: 8192,
+        pool_size: 1 << 20,
+        ..Config::default()
+    });
+    println!("{}", show(&r));
+    assert_eq!(r.violations, 0, "{}", show(&r));
+    assert!(r.crash_states >= 3_000, "{}", show(&r));
+    assert!(r.work.splits + r.work.replaces > 0, "{}", show(&r));
+}
+
 /// Write batches and transactions over several leaves are all or nothing
 /// in every crash image, also after a crash inside recovery's undo of an
 /// unfinished one. (The acceptance run, `nvstore crashtest --txn --ops 1000

@@ -1820,6 +1820,7 @@ struct Checked {
 fn check_image(env: &Env, mut job: CheckJob, allowed: &Allowed) -> Checked {
     let mut out = Checked::default();
     let data = std::mem::take(&mut job.data);
+    let original = data.clone();
     let probe = env.probe(SimSpace::from_image(data), job.capture.then_some(job.seed));
     let opened = catch_unwind(AssertUnwindSafe(|| Db::open_space(probe, Path::new(PATH))));
     let db = match opened {
@@ -1838,6 +1839,17 @@ fn check_image(env: &Env, mut job: CheckJob, allowed: &Allowed) -> Checked {
     // Images captured while recovering: a crash during recovery.
     out.recovery_images = db.space().take_images();
     db.space().set_capture(None);
+    // (Not of a pool cut short while being created: a read-only open
+    // cannot write its missing first leaf.)
+    let r = catch_unwind(AssertUnwindSafe(|| {
+        if !allowed.creating {
+            verify_read_only(env, original, &db, &mut out.problems)
+        }
+    }));
+    if let Err(p) = r {
+        out.problems
+            .push(format!("checking a read-only open panicked: {}", panic_msg(&p)));
+    }
     let r = catch_unwind(AssertUnwindSafe(|| verify(env, &db, allowed, &job, &mut out)));
     if let Err(p) = r {
         out.problems
@@ -1850,6 +1862,37 @@ fn check_image(env: &Env, mut job: CheckJob, allowed: &Allowed) -> Checked {
     let db = ManuallyDrop::into_inner(db);
     let _ = catch_unwind(AssertUnwindSafe(move || drop(db)));
     out
+}
+
+/// The crash image opened read-only (the parent of a kill test does that):
+/// it repairs nothing in the pool, yet must pass `check` and read exactly
+/// what recovery (`db`, just recovered from the same image) left.
+fn verify_read_only(env: &Env, image: Vec<u8>, db: &Db<Probe>, problems: &mut Vec<String>) {
+    let probe = env.probe(SimSpace::from_image(image), None);
+    probe.set_read_only();
+    let ro = match Db::open_space(probe, Path::new(PATH)) {
+        Ok(ro) => ro,
+        Err(e) => return problems.push(format!("read-only open failed: {e}")),
+    };
+    let r = ro.check();
+    if !r.ok {
+        problems.push(format!("check of a read-only open failed: {}", r.problems.join("; ")));
+    }
+    let pairs: Vec<(Vec<u8>, Vec<u8>)> = ro.iter().collect();
+    let recovered: Vec<(Vec<u8>, Vec<u8>)> = db.iter().collect();
+    if pairs != recovered {
+        let first = pairs.iter().zip(&recovered).position(|(a, b)| a != b);
+        problems.push(format!(
+            "a read-only open reads other pairs than recovery ({} vs {} pairs, first difference at {:?})",
+            pairs.len(),
+            recovered.len(),
+            first.map(|i| show(&pairs[i].0))
+        ));
+    } else if ro.len() != db.len() {
+        problems.push(format!("read-only len() is {} but recovery's {}", ro.len(), db.len()));
+    } else if let Some((k, _)) = pairs.iter().find(|(k, v)| ro.get(k).ok().flatten().as_ref() != Some(v)) {
+        problems.push(format!("read-only get {} disagrees with its scan", show(k)));
+    }
 }
 
 /// Every check of one recovered image; problems go to `out`.

@@ -29,8 +29,11 @@
 //!   cannot arise, and recovery repairs nothing in a line.
 //! - Update of a compact pair: one atomic store of its value word, flushed
 //!   and fenced (the paper's update). Any other update writes the new pair
-//!   into a free slot of a line whose code shares the header word with the
-//!   old one's, and one word store switches both codes.
+//!   into a free slot (in the old pair's line when it has one) and switches
+//!   codes: one word store when both lines' codes share a header word, else
+//!   the new line's word first, then the old one's. A crash between the two
+//!   leaves the key live twice; the general copy with the newer version wins
+//!   (recovery drops the other, a read-only open skips it).
 //! - Delete: one header-word store drops the slot from its line's code.
 //! - Replace and merge build new leaves (only the used lines and the header
 //!   are written and flushed; codes say the rest is empty) and swap one

@@ -15,6 +15,7 @@
 //! a pair moves between lines whose codes sit in different header words.
 
 use std::cmp::Ordering as Cmp;
+use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::ops::Bound as RB;
 use std::sync::atomic::{fence, AtomicU64, Ordering};
@@ -178,11 +179,33 @@ fn cmp_general<S: Space>(s: &S, words: &[u64; 4], key: &[u8], kw: u64) -> Cmp {
 
 /// Finds `key` among the live slots, leaving each line at its first larger
 /// key (the paper's hops).
+///
+/// On a read-only space the leaf may still hold both copies a crash inside
+/// a move between code words left (a writable open drops the loser from
+/// the codes, see [`dedup`]): there the search goes on past a match and
+/// returns the copy recovery keeps.
 fn find<S: Space>(s: &S, leaf: u64, size: u64, codes: &[u8], key: &[u8]) -> Option<Loc> {
+    let mut best = find_from(s, leaf, size, codes, key, 0)?;
+    if !s.writable() {
+        let mut from = best.line + 1;
+        while let Some(other) = find_from(s, leaf, size, codes, key, from) {
+            if copy_rank(other.kind, &words_at(s, leaf, size, other))
+                > copy_rank(best.kind, &words_at(s, leaf, size, best))
+            {
+                best = other;
+            }
+            from = other.line + 1;
+        }
+    }
+    Some(best)
+}
+
+/// [`find`] from data line `start` on, returning the first copy found.
+fn find_from<S: Space>(s: &S, leaf: u64, size: u64, codes: &[u8], key: &[u8], start: u64) -> Option<Loc> {
     let kw = nv::key_word(key);
     let compact_key = key.len() == 8;
     let h = il::header_lines(size);
-    for (line, &c) in codes.iter().enumerate() {
+    for (line, &c) in codes.iter().enumerate().skip(start as usize) {
         let code = il::decode(c);
         let lo = leaf + (h + line as u64) * LINE;
         match code.kind {
@@ -322,8 +345,23 @@ fn is_compact(key: &[u8], value: &[u8]) -> bool {
 }
 
 /// Every live slot of a leaf as a [`Slot`] (long keys loaded), without
-/// the dead ones a STALE link names.
+/// the dead ones a STALE link names and, on a read-only space, without the
+/// losing copies a crash inside a move between code words left (a writable
+/// open has dropped those from the codes).
 fn slots<S: Space>(s: &S, leaf: u64, size: u64) -> Vec<(Loc, Slot)> {
+    let all = all_slots(s, leaf, size);
+    if s.writable() {
+        return all;
+    }
+    let losers = dedup(all.iter().map(|(l, x)| (*l, x.clone())).collect()).1;
+    if losers.is_empty() {
+        return all;
+    }
+    all.into_iter().filter(|(l, _)| !losers.contains(l)).collect()
+}
+
+/// [`slots`] with every copy of a key the codes name.
+fn all_slots<S: Space>(s: &S, leaf: u64, size: u64) -> Vec<(Loc, Slot)> {
     let cs = codes(s, leaf, size);
     let bound = dead_bound(s, leaf);
     let mut out = Vec::new();
@@ -676,7 +714,7 @@ impl LeafFormat for Isle {
         if let Some(line) = cs.iter().position(|&c| !il::valid(c)) {
             return Err(format!("leaf {off} line {line} has invalid code {:#x}", cs[line]));
         }
-        let all = slots(s, off, size);
+        let all = all_slots(s, off, size);
         let mut max_version = 0;
         for (loc, x) in &all {
             let meta = Meta::decode(x.words[3])
@@ -751,7 +789,8 @@ impl LeafFormat for Isle {
         let cs = codes(s, off, leaf.size);
         let h = il::header_lines(leaf.size);
         let bound = dead_bound(s, off);
-        let mut seen: HashMap<Vec<u8>, u64> = HashMap::new();
+        // Per key, the rank and blob of the copy that counts (see `dedup`).
+        let mut seen: HashMap<Vec<u8>, ((bool, u64), u64)> = HashMap::new();
         for (line, &c) in cs.iter().enumerate() {
             if !il::valid(c) {
                 a.problems.push(format!("leaf {off} line {line}: invalid code {c:#x}"));
@@ -804,17 +843,33 @@ impl LeafFormat for Isle {
                         leaf::show(&key)
                     ));
                 }
-                if seen.insert(key.clone(), line as u64).is_some() {
-                    a.problems
-                        .push(format!("leaf {off}: key {} is live twice", leaf::show(&key)));
+                let copy = (copy_rank(code.kind, &x.words), x.blob());
+                match seen.entry(key) {
+                    Entry::Vacant(v) => {
+                        v.insert(copy);
+                        a.elements += 1;
+                    }
+                    // A read-only open after a crash inside a move between
+                    // code words still lists both copies; recovery keeps one
+                    // and frees the other's blob, and so do reads.
+                    Entry::Occupied(mut o) if !s.writable() => {
+                        if copy.0 > o.get().0 {
+                            o.insert(copy);
+                        }
+                    }
+                    Entry::Occupied(o) => {
+                        a.problems
+                            .push(format!("leaf {off}: key {} is live twice", leaf::show(o.key())));
+                        if x.blob() != 0 {
+                            a.blobs.push(x.blob());
+                        }
+                        a.elements += 1;
+                    }
                 }
-                if x.blob() != 0 {
-                    a.blobs.push(x.blob());
-                }
-                a.elements += 1;
                 prev = Some(x);
             }
         }
+        a.blobs.extend(seen.values().map(|&(_, b)| b).filter(|&b| b != 0));
         a.live = seen.len() as u64;
         let durable = leaf.durable.load(Ordering::Relaxed);
         if durable != a.live {
@@ -827,6 +882,12 @@ impl LeafFormat for Isle {
     }
 }
 
+/// Which of two copies of one key wins: general over compact, then the
+/// newer version (on a tie, the one met first in line order).
+fn copy_rank(kind: Kind, words: &[u64; 4]) -> (bool, u64) {
+    (kind == Kind::General, words[3] & nv::VERSION_MASK)
+}
+
 /// Splits duplicates of one key (left by a crash inside a move between code
 /// words) into the copy that wins (general over compact, then the newer
 /// version) and the locations of the others.
@@ -835,9 +896,8 @@ fn dedup(all: Vec<(Loc, Slot)>) -> (Vec<Slot>, Vec<Loc>) {
     let mut losers = Vec::new();
     for (loc, x) in all {
         let key = x.key();
-        let beats = |a: &(Loc, Slot), b: &(Loc, Slot)| {
-            (a.0.kind == Kind::General, a.1.version()) > (b.0.kind == Kind::General, b.1.version())
-        };
+        let beats =
+            |a: &(Loc, Slot), b: &(Loc, Slot)| copy_rank(a.0.kind, &a.1.words) > copy_rank(b.0.kind, &b.1.words);
         match best.remove(&key) {
             None => {
                 best.insert(key, (loc, x));

@@ -182,7 +182,7 @@ fn cmp_general<S: Space>(s: &S, words: &[u64; 4], key: &[u8], kw: u64) -> Cmp {
 ///
 /// On a read-only space the leaf may still hold both copies a crash inside
 /// a move between code words left (a writable open drops the loser from
-/// the codes, see [`dedup`]): there the search goes on past a match and
+/// the codes, see [`losers`]): there the search goes on past a match and
 /// returns the copy recovery keeps.
 fn find<S: Space>(s: &S, leaf: u64, size: u64, codes: &[u8], key: &[u8]) -> Option<Loc> {
     let mut best = find_from(s, leaf, size, codes, key, 0)?;
@@ -353,7 +353,7 @@ fn slots<S: Space>(s: &S, leaf: u64, size: u64) -> Vec<(Loc, Slot)> {
     if s.writable() {
         return all;
     }
-    let losers = dedup(all.iter().map(|(l, x)| (*l, x.clone())).collect()).1;
+    let losers = losers(&all);
     if losers.is_empty() {
         return all;
     }
@@ -733,7 +733,12 @@ impl LeafFormat for Isle {
             }
             max_version = max_version.max(meta.version);
         }
-        let (winners, losers) = dedup(all);
+        let losers = losers(&all);
+        let winners: Vec<&Slot> = all
+            .iter()
+            .filter(|(l, _)| !losers.contains(l))
+            .map(|(_, x)| x)
+            .collect();
         if s.writable() {
             // Make the codes say what the leaf holds: drop the pairs a split
             // in place moved on (a crash came between its link and its
@@ -789,7 +794,7 @@ impl LeafFormat for Isle {
         let cs = codes(s, off, leaf.size);
         let h = il::header_lines(leaf.size);
         let bound = dead_bound(s, off);
-        // Per key, the rank and blob of the copy that counts (see `dedup`).
+        // Per key, the rank and blob of the copy that counts (see `losers`).
         let mut seen: HashMap<Vec<u8>, ((bool, u64), u64)> = HashMap::new();
         for (line, &c) in cs.iter().enumerate() {
             if !il::valid(c) {
@@ -888,33 +893,29 @@ fn copy_rank(kind: Kind, words: &[u64; 4]) -> (bool, u64) {
     (kind == Kind::General, words[3] & nv::VERSION_MASK)
 }
 
-/// Splits duplicates of one key (left by a crash inside a move between code
-/// words) into the copy that wins (general over compact, then the newer
-/// version) and the locations of the others.
-fn dedup(all: Vec<(Loc, Slot)>) -> (Vec<Slot>, Vec<Loc>) {
-    let mut best: HashMap<Vec<u8>, (Loc, Slot)> = HashMap::new();
-    let mut losers = Vec::new();
-    for (loc, x) in all {
-        let key = x.key();
-        let beats =
-            |a: &(Loc, Slot), b: &(Loc, Slot)| copy_rank(a.0.kind, &a.1.words) > copy_rank(b.0.kind, &b.1.words);
-        match best.remove(&key) {
-            None => {
-                best.insert(key, (loc, x));
+/// The locations of the copies of a key that lose to another copy (left
+/// by a crash inside a move between code words): general beats compact,
+/// then the newer version wins; on a tie, the copy met first.
+fn losers(all: &[(Loc, Slot)]) -> Vec<Loc> {
+    let mut best: HashMap<Vec<u8>, usize> = HashMap::new();
+    let mut out = Vec::new();
+    for (j, (loc, x)) in all.iter().enumerate() {
+        match best.entry(x.key()) {
+            Entry::Vacant(v) => {
+                v.insert(j);
             }
-            Some(cur) => {
-                let new = (loc, x);
-                if beats(&new, &cur) {
-                    losers.push(cur.0);
-                    best.insert(key, new);
+            Entry::Occupied(mut o) => {
+                let (cur_loc, cur) = &all[*o.get()];
+                if copy_rank(loc.kind, &x.words) > copy_rank(cur_loc.kind, &cur.words) {
+                    out.push(*cur_loc);
+                    o.insert(j);
                 } else {
-                    losers.push(new.0);
-                    best.insert(key, cur);
+                    out.push(*loc);
                 }
             }
         }
     }
-    (best.into_values().map(|(_, x)| x).collect(), losers)
+    out
 }
 
 /// Packs key-ordered elements into lines: compact pairs four to a line,

@@ -823,14 +823,21 @@ fn newest_by_table<S: Space>(
         return None;
     }
     if i < layout.compact {
-        let hit = key.len() == 8 && layout.compact_version <= at && layout.key_word(s, i) == kw;
-        return hit.then_some(Some(Newest {
-            index: i,
-            negative: false,
-            version: layout.compact_version,
-        }));
+        return compact_match(s, layout, i, key, kw, at).map(Some);
     }
     full_match(s, layout, i, key, kw, at).map(Some)
+}
+
+/// Compact entry `i` as the newest for `key` (key word `kw`) at `at`: the
+/// prefix holds only 8-byte keys, one entry per key, all at one version.
+#[inline]
+fn compact_match<S: Space>(s: &S, layout: &Layout, i: u64, key: &[u8], kw: u64, at: u64) -> Option<Newest> {
+    let hit = key.len() == 8 && layout.compact_version <= at && layout.key_word(s, i) == kw;
+    hit.then_some(Newest {
+        index: i,
+        negative: false,
+        version: layout.compact_version,
+    })
 }
 
 /// Encodes a new positive element; `blob` is 0 when key and value are inline.
@@ -962,15 +969,8 @@ impl LeafFormat for Nv {
             return found;
         }
         h.candidates(0, layout.compact.min(n), fk, |i| {
-            let hit = layout.key_word(s, i) == kw;
-            if hit {
-                found = Some(Newest {
-                    index: i,
-                    negative: false,
-                    version: layout.compact_version,
-                });
-            }
-            hit
+            found = compact_match(s, &layout, i, key, kw, at);
+            found.is_some()
         });
         found
     }

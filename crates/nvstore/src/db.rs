@@ -317,19 +317,24 @@ impl<S: Space> Db<S> {
 
     /// Opens an existing pool in `space` (`path` names it in messages).
     pub fn open_space(space: S, path: &Path) -> Result<Db<S>> {
-        let h = Header::read(&space, path)?;
+        let mut h = Header::read(&space, path)?;
         let was_clean = space.load(header::CLEAN_STATE_OFF) != 0;
         let space = Arc::new(space);
         let (engine, recovery) = match h.leaf_format {
             LeafFormat::Nv => {
-                let (t, r) = recovery::open_tree::<S, Nv>(space, &h, path)?;
+                let (t, r) = recovery::open_tree::<S, Nv>(space.clone(), &h, path)?;
                 (Engine::Nv(Arc::new(t)), r)
             }
             LeafFormat::Isle => {
-                let (t, r) = recovery::open_tree::<S, Isle>(space, &h, path)?;
+                let (t, r) = recovery::open_tree::<S, Isle>(space.clone(), &h, path)?;
                 (Engine::Isle(Arc::new(t)), r)
             }
         };
+        // Recovery read the older format as it is; what this build writes
+        // from now on belongs to the current one.
+        if space.writable() {
+            h.upgrade(&*space);
+        }
         Ok(Db {
             engine,
             header: h,

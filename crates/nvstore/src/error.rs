@@ -10,7 +10,7 @@ pub enum Error {
     #[error("{path}: not an nvstore pool (bad magic number)")]
     NotAPool { path: PathBuf },
 
-    #[error("{path}: pool format version {found} is not supported (this build reads version {supported})")]
+    #[error("{path}: pool format version {found} is not supported: this build reads versions 1 to {supported}; {}", if *found > *supported { "open it with a newer nvstore" } else { "it was not written by nvstore" })]
     WrongVersion { path: PathBuf, found: u32, supported: u32 },
 
     #[error("{path}: pool header checksum mismatch (the header is corrupt)")]

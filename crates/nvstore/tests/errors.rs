@@ -369,3 +369,53 @@ fn full_disk_fails_the_write_and_harms_nothing() {
     assert_eq!(db.len(), acked.len() as u64);
     assert!(db.check().ok);
 }
+
+/// Rewrites a pool's header as the previous format version wrote it.
+fn downgrade_header(p: &Path, version: u32) {
+    let mut b = std::fs::read(p).unwrap();
+    b[8..12].copy_from_slice(&version.to_le_bytes());
+    let sum = nvstore::format::header::checksum(&b[..56]);
+    b[56..64].copy_from_slice(&sum.to_le_bytes());
+    std::fs::write(p, &b).unwrap();
+}
+
+fn header_version(p: &Path) -> u32 {
+    u32::from_le_bytes(std::fs::read(p).unwrap()[8..12].try_into().unwrap())
+}
+
+#[test]
+fn version_1_pool_opens_read_only_unchanged_and_is_upgraded_by_a_writable_open() {
+    let d = dir();
+    let p = make_pool(d.path());
+    downgrade_header(&p, 1);
+    let before = std::fs::read(&p).unwrap();
+
+    let db = Db::open(&p, ro()).unwrap();
+    assert_eq!(db.get(&7u64.to_be_bytes()).unwrap(), Some(21u64.to_le_bytes().to_vec()));
+    assert_eq!(db.len(), 2000);
+    drop(db);
+    assert!(
+        std::fs::read(&p).unwrap() == before,
+        "a read-only open changed the file"
+    );
+
+    let db = Db::open(&p, Options::default()).unwrap();
+    assert_eq!(db.len(), 2000);
+    db.put(b"new", b"key").unwrap();
+    db.close().unwrap();
+    assert_eq!(header_version(&p), nvstore::format::header::VERSION);
+    let db = Db::open(&p, ro()).unwrap();
+    assert_eq!(db.get(b"new").unwrap(), Some(b"key".to_vec()));
+    assert!(db.check().ok);
+}
+
+#[test]
+fn version_0_is_refused_as_not_written_by_nvstore() {
+    let d = dir();
+    let p = make_pool(d.path());
+    downgrade_header(&p, 0);
+    let msg = expect_err(&p, Options::default(), |e| {
+        matches!(e, Error::WrongVersion { found: 0, .. })
+    });
+    assert!(msg.contains("not written by nvstore"), "{msg}");
+}

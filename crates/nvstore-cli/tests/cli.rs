@@ -329,27 +329,36 @@ fn a_pool_open_in_another_process_is_refused_unchanged() {
 
 #[test]
 fn permission_denied() {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } == 0 {
-        eprintln!("skipped: running as root, which ignores file permissions");
-        return;
-    }
-    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    // Root ignores file modes, so as root the commands run as `nobody`
+    // (setpriv, from util-linux).
+    let root = std::fs::metadata("/proc/self").expect("procfs").uid() == 0;
+    let run = |args: &[&OsStr]| {
+        let mut c = if root {
+            let mut c = Command::new("setpriv");
+            c.args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+                .arg(env!("CARGO_BIN_EXE_nvstore"));
+            c
+        } else {
+            cmd()
+        };
+        finish(c.args(args).output().expect("run nvstore"))
+    };
     let d = tmpdir();
+    std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let p = create(&d, "a.nvs");
     std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o000)).unwrap();
     for args in [&["stat"][..], &["put", "k", "v"], &["get", "k"]] {
-        nv([args[0]]
-            .iter()
-            .map(OsStr::new)
-            .chain([os(&p)])
-            .chain(args[1..].iter().map(OsStr::new)))
-        .error(Some(&p), "permission denied");
+        let argv: Vec<&OsStr> = [OsStr::new(args[0]), os(&p)]
+            .into_iter()
+            .chain(args[1..].iter().map(OsStr::new))
+            .collect();
+        run(&argv).error(Some(&p), "permission denied");
     }
     std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o444)).unwrap();
     // Read-only access is enough for reading commands, not for writing ones.
-    nv([OsStr::new("stat"), os(&p)]).ok();
-    nv([OsStr::new("put"), os(&p), OsStr::new("k"), OsStr::new("v")]).error(Some(&p), "permission denied");
+    run(&[OsStr::new("stat"), os(&p)]).ok();
+    run(&[OsStr::new("put"), os(&p), OsStr::new("k"), OsStr::new("v")]).error(Some(&p), "permission denied");
 }
 
 #[test]

@@ -125,9 +125,18 @@ fn missing_pool_without_create() {
 #[test]
 fn permission_denied() {
     if euid() == 0 {
-        eprintln!("running as root: permissions are not enforced, skipping");
-        return;
+        // Root ignores file modes: run the check again as `nobody`.
+        as_nobody("permission_denied_unprivileged");
+    } else {
+        permission_denied_unprivileged();
     }
+}
+
+/// Run by [`permission_denied`], directly or as `nobody`.
+#[test]
+#[ignore = "run by permission_denied, as an unprivileged user"]
+fn permission_denied_unprivileged() {
+    assert_ne!(euid(), 0, "file modes mean nothing to root");
     let d = dir();
     let p = make_pool(d.path());
     use std::os::unix::fs::PermissionsExt;
@@ -136,6 +145,24 @@ fn permission_denied() {
         Db::open(&p, Options::default()),
         Err(Error::PermissionDenied { .. })
     ));
+}
+
+/// Runs the ignored test `name` of this test binary as user `nobody`
+/// (`setpriv`, from util-linux) and requires it to pass.
+fn as_nobody(name: &str) {
+    let out = std::process::Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+        .arg(std::env::current_exe().unwrap())
+        .args(["--ignored", "--exact", name])
+        .output()
+        .expect("setpriv (util-linux) runs the test as nobody");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && text.contains("1 passed"),
+        "{name} as nobody: {}\n{text}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 fn euid() -> u32 {
@@ -338,7 +365,12 @@ fn full_disk_fails_the_write_and_harms_nothing() {
         .is_ok_and(|s| s.success());
     if !mounted {
         let _ = std::fs::remove_dir(&dir);
-        eprintln!("cannot mount a tmpfs here: skipping the full-disk test");
+        // CI sets NVSTORE_REQUIRE_TOOLS and runs as root: there the test must run.
+        assert!(
+            std::env::var_os("NVSTORE_REQUIRE_TOOLS").is_none(),
+            "cannot mount a 2 MiB tmpfs, so the full-disk test cannot run"
+        );
+        eprintln!("cannot mount a tmpfs here (needs root): skipping the full-disk test");
         return;
     }
     let _fs = TinyFs(dir.clone());

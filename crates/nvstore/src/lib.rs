@@ -28,7 +28,6 @@ pub mod crashtest;
 pub mod db;
 pub mod error;
 pub mod format;
-#[allow(unsafe_code)]
 pub mod pmem;
 pub mod recovery;
 pub mod tree;

@@ -17,7 +17,15 @@
 //! missing flush or fence (DESIGN §13, "checking the checker").
 
 pub mod counters;
+#[allow(
+    unsafe_code,
+    reason = "maps the pool file (mmap, flock, fallocate, msync) and reads and writes it through raw pointers; every access is bounds-checked, each block says why it holds"
+)]
 pub mod file;
+#[allow(
+    unsafe_code,
+    reason = "cache-line write-back and fence instructions (clwb, clflushopt, clflush, sfence) and CPUID, chosen at run time"
+)]
 pub mod flush;
 pub mod points;
 pub mod sim;

@@ -254,7 +254,7 @@ impl Runner {
             base: stats(&db),
             db,
             sorted,
-            // Right-most zone first, left-most after the shift (seed 000 §6.4.3).
+            // Right-most zone first, left-most after the shift (NV-Tree §6.4.3).
             zones: [(n - hot, n), (0, hot)],
             rng: StdRng::seed_from_u64(seed ^ 0xada9_71fe),
             round: 1,

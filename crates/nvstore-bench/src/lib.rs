@@ -1,4 +1,4 @@
-//! Benchmarks (DESIGN §14): the papers' experiments on one persistent-memory
+//! Benchmarks (NV-Tree §6, Isle-Tree §V): the papers' experiments on one persistent-memory
 //! layer, so flush counts compare honestly across engines.
 //!
 //! Entry points for the CLI (`nvstore bench micro|compare|ycsb|adaptive|plot`):

@@ -1,4 +1,4 @@
-//! Micro-benchmarks (DESIGN §14; NV-Tree §6.2-6.4, Isle-Tree §V): one
+//! Micro-benchmarks (NV-Tree §6.2–6.4, Isle-Tree §V): one
 //! operation type over N random 8-byte keys, on every engine, with flushes
 //! and fences per operation counted on the same pmem layer.
 //!

@@ -1,5 +1,5 @@
 //! `nvstore serve`: a Redis-protocol server over the nvstore engine
-//! (DESIGN §15).
+//! (NV-Tree §6.1.1).
 //!
 //! - `resp.rs`: RESP2/RESP3 request parser and reply encoder;
 //! - `keys.rs`: how strings, hashes and sorted sets map onto ordered keys;
@@ -44,7 +44,7 @@ pub struct Config {
     pub requirepass: Option<String>,
     pub maxclients: usize,
     pub limits: Limits,
-    /// Workload-adaptive node sizing strategy (seed 000 §5).
+    /// Workload-adaptive node sizing strategy (NV-Tree §5).
     pub adaptive: nvstore::Adaptive,
 }
 

@@ -1,5 +1,5 @@
 //! Every engine access of the server goes through this module: the engine's
-//! snapshots and snapshot-isolation transactions (DESIGN §11), plus the
+//! snapshots and snapshot-isolation transactions (NV-Tree §6.1.1), plus the
 //! [`Kv`] trait the commands are written against.
 //!
 //! - Reads outside MULTI run on a [`Snapshot`]: a stable view, so a

@@ -1,5 +1,5 @@
 //! `nvstore check`: verifies every invariant of an open pool without
-//! writing (DESIGN §12), and is the structural half of the crash checker.
+//! writing (NV-Tree §4.6), and is the structural half of the crash checker.
 //!
 //! Invariants:
 //! 1. the persistent leaf chain equals the leaves of the inner index, in order;

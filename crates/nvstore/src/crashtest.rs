@@ -1,4 +1,4 @@
-//! Crash-consistency campaigns (DESIGN §13).
+//! Crash-consistency campaigns (README, "How crash safety is shown").
 //!
 //! A campaign runs a seeded workload against a [`Db`] on the crash simulator
 //! ([`SimSpace`]) with image capture on, so every fence and every operation
@@ -398,7 +398,7 @@ pub fn run(cfg: &Config) -> Report {
     r
 }
 
-/// The split race (DESIGN §6 rule 3): a split publishes its new leaves to
+/// The split race (docs/design.md, "the publish rule", rule 3): a split publishes its new leaves to
 /// other threads when it releases its locks. If the link store that swaps
 /// them into the chain were not yet fenced, another writer could append to a
 /// new leaf, fence its own element and count, and acknowledge, while a crash

@@ -1,4 +1,4 @@
-//! The engine API (DESIGN §3): open a pool, `get/put/delete/range/prefix`.
+//! The engine API (docs/design.md, "Layers"): open a pool, `get/put/delete/range/prefix`.
 
 use std::ops::{Bound as RB, RangeBounds};
 use std::path::{Path, PathBuf};
@@ -45,7 +45,7 @@ pub struct Options {
     pub read_only: bool,
     /// Never try `MAP_SYNC`.
     pub force_shared: bool,
-    /// Workload-adaptive node sizing (seed 000 §5): which strategy picks
+    /// Workload-adaptive node sizing (NV-Tree §5): which strategy picks
     /// the size of the leaves that replace a full one. Not stored in the
     /// pool; each open chooses.
     pub adaptive: Strategy,

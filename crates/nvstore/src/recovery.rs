@@ -1,5 +1,5 @@
 //! Opening a pool: instant recovery after a clean shutdown, rebuild from the
-//! leaves after a crash (seed 000 §4.6, DESIGN §12).
+//! leaves after a crash (NV-Tree §4.6).
 //!
 //! - Clean: the header's `clean_state` word points at the saved index and
 //!   free lists; load them, clear the word (persisted) before any other
@@ -179,7 +179,7 @@ fn rebuild_from_leaves<S: Space, L: LeafFormat>(
     let s = &*space;
     let offs = walk_chain::<S, L>(s, h, path)?;
     let committed = s.load(header::TXN_COMMIT_OFF);
-    // Scan leaves on both cores (DESIGN §12).
+    // Scan leaves on both cores (NV-Tree §4.6).
     let threads = std::thread::available_parallelism()
         .map_or(1, |n| n.get())
         .min(offs.len().max(1));

@@ -1,5 +1,4 @@
-//! Snapshots, snapshot-isolation transactions and write batches (DESIGN §11,
-//! seed 000 §6.1.1).
+//! Snapshots, snapshot-isolation transactions and write batches (NV-Tree §6.1.1).
 //!
 //! - Every element carries its commit timestamp. A [`Snapshot`] reads, per
 //!   key, the newest element no newer than its timestamp; later writes never

@@ -1,4 +1,4 @@
-//! Workload-adaptive node sizing (seed 000 §5) end to end: a skewed
+//! Workload-adaptive node sizing (NV-Tree §5) end to end: a skewed
 //! workload makes leaves of several sizes; the tree still agrees with a
 //! BTreeMap model, `check` passes, and both a clean reopen and a crash
 //! (rebuild from the leaves) keep every leaf's size and every pair.

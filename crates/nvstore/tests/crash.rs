@@ -1,4 +1,4 @@
-//! Crash-consistency campaigns on the simulator (DESIGN §13): the normal
+//! Crash-consistency campaigns on the simulator (README, "How crash safety is shown"): the normal
 //! campaign finds nothing, and a campaign with any one persistence point
 //! dropped finds something ("checking the checker").
 
@@ -57,7 +57,7 @@ fn campaign_two_writers_finds_no_violation() {
     assert_all_points_covered(&r, true);
 }
 
-/// Adaptivity on (seed 000 §5): leaves of several sizes coexist, are made
+/// Adaptivity on (NV-Tree §5): leaves of several sizes coexist, are made
 /// by splits, replaces and merges, and are recovered from every image.
 #[test]
 fn campaign_with_adaptive_leaf_sizes_finds_no_violation() {
@@ -270,7 +270,7 @@ fn dropped_points_are_caught(leaf: LeafFormat) {
 /// named (size, count, chain) without the checks a rebuild makes, so a
 /// cleanly closed pool with one corrupt leaf count opened and the next read
 /// went past the leaf. It now validates them and falls back to a rebuild,
-/// which reports `Error::Corrupt` (DESIGN §4).
+/// which reports `Error::Corrupt` (docs/format.md).
 #[test]
 fn instant_recovery_rejects_a_corrupt_leaf_count() {
     let opts = Options {

@@ -1,4 +1,4 @@
-//! Deterministic flush and fence counts per operation (seed 000 Alg. 2:
+//! Deterministic flush and fence counts per operation (NV-Tree Alg. 2:
 //! element flushed and fenced, then the count stored, flushed and fenced).
 
 mod common;

@@ -1,4 +1,4 @@
-//! The isle leaf format (seed 002 §IV): model checks against a BTreeMap
+//! The isle leaf format (Isle-Tree §IV): model checks against a BTreeMap
 //! across node sizes and reopens, exact flush counts, concurrent readers
 //! and writers, and the operations an unversioned pool refuses.
 

@@ -1,4 +1,4 @@
-//! Real process-kill tests (DESIGN §13): `kill -9` at random moments against
+//! Real process-kill tests (README, "How crash safety is shown"): `kill -9` at random moments against
 //! a writer that logs what was acknowledged.
 //!
 //! The test binary re-executes itself (`--exact kill_child_entry`) with

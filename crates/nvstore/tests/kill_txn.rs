@@ -1,4 +1,4 @@
-//! Process-kill tests of transactions (DESIGN §11, §13): `kill -9` a process
+//! Process-kill tests of transactions (NV-Tree §6.1.1; README, "How crash safety is shown"): `kill -9` a process
 //! running bank transfers on several threads, then check that no transfer
 //! is half there.
 //!

@@ -1,5 +1,5 @@
 //! Snapshots and snapshot-isolation transactions on a real mapped pool
-//! (DESIGN §11): what SI promises and what it allows, stable snapshots under
+//! (NV-Tree §6.1.1): what SI promises and what it allows, stable snapshots under
 //! concurrent writers and leaf rewrites, and a bank-transfer workload whose
 //! total is the same in every snapshot and after every reopen.
 

@@ -1,4 +1,4 @@
-//! Engines a user would pick instead of nvstore (DESIGN §14), outside the
+//! Engines a user would pick instead of nvstore (NV-Tree §6, Isle-Tree §V), outside the
 //! `pmem` layer: their flushes are not counted.
 //!
 //! - [`lmdb`] (cargo feature `lmdb`, off by default: it compiles LMDB's C

@@ -1,4 +1,4 @@
-//! Block allocator (DESIGN §5).
+//! Block allocator (NV-Tree §3).
 //!
 //! Persistent state is only the chunk headers (`format::chunk`): a slab's
 //! size class is persisted before any of its blocks is handed out. Free lists
@@ -264,7 +264,7 @@ impl Allocator {
         Ok(())
     }
 
-    /// Rebuilds the allocator by reachability (DESIGN §5): walks the chunk
+    /// Rebuilds the allocator by reachability (NV-Tree §3): walks the chunk
     /// headers; every block not in `reachable` is free. Slabs and runs with
     /// no reachable block become free chunks. Writes nothing.
     pub fn rebuild<S: Space>(

@@ -1,4 +1,4 @@
-//! Blob: out-of-line key and value bytes of one element (DESIGN §7).
+//! Blob: out-of-line key and value bytes of one element (docs/design.md, "Write paths").
 //!
 //! ```text
 //! { u32 key_len | u32 value_len | u8 key[key_len] | u8 value[value_len] }

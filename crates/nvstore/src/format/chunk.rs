@@ -1,4 +1,4 @@
-//! Chunk headers (DESIGN §5).
+//! Chunk headers (NV-Tree §3).
 //!
 //! The data area is a sequence of chunk runs. Each run starts with a header
 //! line whose first word describes it:

@@ -1,4 +1,4 @@
-//! Pool header at offset 0 (DESIGN §4).
+//! Pool header at offset 0 (docs/format.md).
 //!
 //! ```text
 //! line 0: written once at creation, covered by the checksum
@@ -17,7 +17,7 @@
 //! - `last_ts` is the commit-timestamp clock saved at clean shutdown (after a
 //!   crash the clock restarts above every element's version instead).
 //! - `txn_commit` is the commit record of multi-leaf transactions: the
-//!   timestamp of the last one committed (DESIGN §11). Such transactions
+//!   timestamp of the last one committed (NV-Tree §6.1.1). Such transactions
 //!   commit one at a time, so elements flagged TXN with a newer version
 //!   belong to the one that was cut short by a crash.
 //! - `calibration` caches the adaptive model's `T_r`/`T_w` measured at open

@@ -1,4 +1,4 @@
-//! Isle leaf node (seed 002 §IV): cache lines sorted inside, the node not.
+//! Isle leaf node (Isle-Tree §IV): cache lines sorted inside, the node not.
 //!
 //! ```text
 //! header (H lines: 1 up to 2624-byte leaves, 2 up to 6784 bytes, ...):

@@ -1,4 +1,4 @@
-//! NV-Tree leaf node (seed 000 §4.3–4.4).
+//! NV-Tree leaf node (NV-Tree §4.3–4.4).
 //!
 //! ```text
 //! line 0: { u64 count | u64 next | u64 size | u64 compact | u64 compact_version
@@ -22,11 +22,11 @@
 //!   lives in the blob and the word is its prefix (most mismatches never read
 //!   the blob).
 //! - `next` is the right sibling's offset (0 at the end of the chain); the
-//!   split/replace/merge of seed 000 §4.4 swaps new leaves in by storing the
+//!   split/replace/merge of NV-Tree §4.4 swaps new leaves in by storing the
 //!   predecessor's `next` (or the header's leaf head) with one atomic store.
 //! - `size` (bytes, a multiple of 64) is written before the leaf is linked
 //!   and never changes; capacity follows from it.
-//! - `version` is the commit timestamp of the write (DESIGN §11). Elements of
+//! - `version` is the commit timestamp of the write (NV-Tree §6.1.1). Elements of
 //!   one key sit in a leaf in timestamp order. A snapshot at `ts` sees, per
 //!   key, the newest element with `version <= ts`.
 //! - Compact prefix: a leaf built by a split, replace or merge stores its

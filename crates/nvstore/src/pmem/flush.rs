@@ -1,4 +1,4 @@
-//! Cache-line write-back and fences (DESIGN §2).
+//! Cache-line write-back and fences (docs/design.md, "The durability promise").
 //!
 //! The instruction is chosen at run time from CPUID: `clwb`, else
 //! `clflushopt`, else `clflush`; `none` skips write-back (eADR platforms,

@@ -1,4 +1,4 @@
-//! The persistent address space (DESIGN §3).
+//! The persistent address space (docs/design.md, "Layers").
 //!
 //! Every access to persistent bytes goes through [`Space`]: 8-byte aligned
 //! atomic words, byte ranges, `flush` and `fence`, all addressed by offset
@@ -6,7 +6,7 @@
 //!
 //! - [`FileSpace`]: a pool file mapped into a reserved virtual range
 //!   (`MAP_SYNC` where the file system offers DAX, else `MAP_SHARED`);
-//! - [`SimSpace`]: the crash simulator's shadow memory (DESIGN §13);
+//! - [`SimSpace`]: the crash simulator's shadow memory (README, "How crash safety is shown");
 //! - later, the remote back-end of AsymNVM.
 //!
 //! The engine is generic over `Space`, so the file implementation compiles to
@@ -14,7 +14,7 @@
 //!
 //! Every flush and fence names a [`Point`]. The crash simulator can be told to
 //! drop one named point, which is how the crash tests prove they would catch a
-//! missing flush or fence (DESIGN §13, "checking the checker").
+//! missing flush or fence (README, "How crash safety is shown", "checking the checker").
 
 pub mod counters;
 #[allow(
@@ -44,7 +44,7 @@ pub const LINE: u64 = 64;
 
 /// A persistent address space. Offsets are from the pool start.
 ///
-/// Rules for callers (DESIGN §6):
+/// Rules for callers (docs/design.md, "the publish rule"):
 /// - a change becomes visible only through one 8-byte aligned atomic store;
 /// - everything such a store publishes is written, flushed and fenced first;
 /// - the publishing store is flushed and fenced before the operation is

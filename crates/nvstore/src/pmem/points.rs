@@ -2,7 +2,7 @@
 //!
 //! The crash simulator can drop one point by name (`nvstore crashtest --drop
 //! NAME`); a campaign with a point dropped must find violations, or the point
-//! is unnecessary or the workload has a hole (DESIGN §13).
+//! is unnecessary or the workload has a hole (README, "How crash safety is shown").
 
 /// A named flush or fence site.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -1,4 +1,4 @@
-//! Crash simulator (DESIGN §13): a [`Space`] over shadow memory that can
+//! Crash simulator (README, "How crash safety is shown"): a [`Space`] over shadow memory that can
 //! produce the images a machine could hold after a crash.
 //!
 //! # Model (x86 persistency, one cache line = 64 bytes)

@@ -1,4 +1,4 @@
-//! Workload-adaptive node sizing (seed 000 §5, DESIGN §10).
+//! Workload-adaptive node sizing (NV-Tree §5).
 //!
 //! - Profiling (Tables 2 and 3): global `nWrites` / `nReads` and per-leaf
 //!   counters, all in DRAM. A write counts the elements it appends (an
@@ -33,7 +33,7 @@ pub const STEP: u64 = LINE;
 /// take whole chunk runs, and a bigger leaf makes every rewrite of it long).
 pub const MAX_LEAF: u64 = crate::alloc::MAX_CLASS;
 
-/// Which sizing strategy of seed 000 §5.3 runs.
+/// Which sizing strategy of NV-Tree §5.3 runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Strategy {
@@ -178,7 +178,7 @@ impl Counts {
     /// Cold is "not hot": at or below the average. (Strictly below would
     /// make every leaf of a workload without searches neither hot-read nor
     /// cold-read, and the conservative strategy would never grow one, where
-    /// seed 000 Fig. 13 shows it growing leaves under update-only load.)
+    /// NV-Tree Fig. 13 shows it growing leaves under update-only load.)
     fn cold_write(&self) -> bool {
         !self.hot_write()
     }
@@ -236,7 +236,7 @@ pub struct Model {
     pub write_line_ns: f64,
     /// What a split costs besides reading the old node and writing the new
     /// ones: allocation, collation, the new PLN, retiring the old node.
-    /// Seed 000's Eq. 1 and 4 count only the node reads and flushes; here
+    /// NV-Tree's Eq. 1 and 4 count only the node reads and flushes; here
     /// the DRAM work is of the same order or larger, and leaving it out
     /// makes the model refuse enlargements that pay. Measured as the tree
     /// runs ([`Profile::record_split`]); 0 until the first split.
@@ -304,7 +304,7 @@ impl Model {
     /// GETNEWSIZE with the model's bound: the size for the new leaves made
     /// from a full leaf of `size` bytes. A doubling the model refuses falls
     /// back to one line under the balanced strategy and to no change under
-    /// the aggressive one (seed 000 §6.4.2); refused steps keep the size.
+    /// the aggressive one (NV-Tree §6.4.2); refused steps keep the size.
     pub fn new_size(&self, s: Strategy, size: u64, c: &Counts) -> u64 {
         let grow = |to: u64| (to <= MAX_LEAF && self.enlarge_pays(size, to, c)).then_some(to);
         let new = match algorithm3(s, c) {

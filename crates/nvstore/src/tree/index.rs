@@ -1,4 +1,4 @@
-//! Inner nodes in DRAM (seed 000 §4.1–4.2, §4.5).
+//! Inner nodes in DRAM (NV-Tree §4.1–4.2, §4.5).
 //!
 //! Inner nodes (INs) form NV-Tree's pointerless array: node `i`'s children
 //! are nodes `i*F + 1 + pos` with fan-out `F = 2m + 1`, all in one vector,
@@ -76,7 +76,7 @@ pub struct Pln {
     /// reads a full key (a pointer away) only on a tie.
     words: Vec<u64>,
     /// Entries it may hold before the index is rebuilt: the index's
-    /// `pln_limit`, more for a hot-write PLN (seed 000 §5.5).
+    /// `pln_limit`, more for a hot-write PLN (NV-Tree §5.5).
     pub limit: usize,
 }
 
@@ -169,7 +169,7 @@ pub struct Index {
 /// the whole index every few splits: quadratic. Our PLNs are vectors, so a
 /// PLN may grow with the tree: up to an eighth of the leaves it was built
 /// over, between `PLN_CAPACITY` and `PLN_MAX` (a split copies its PLN, so
-/// the copy must stay short). This is the idea of seed 000 §5.5's hot-PLN
+/// the copy must stay short). This is the idea of NV-Tree §5.5's hot-PLN
 /// enlargement without sizes to tune.
 pub fn pln_limit(leaves: usize) -> usize {
     (leaves / 8).clamp(PLN_CAPACITY, PLN_MAX)
@@ -180,13 +180,13 @@ pub const PLN_MAX: usize = 256;
 
 impl Index {
     /// Builds an index over `entries` (in key order; the last bound is
-    /// +inf), `PLN_FILL` entries per PLN: the rebuild of seed 000 §4.5.
+    /// +inf), `PLN_FILL` entries per PLN: the rebuild of NV-Tree §4.5.
     pub fn build(entries: Vec<Entry>, generation: u64) -> Index {
         Index::build_adaptive(entries, generation, false)
     }
 
     /// [`Index::build`]; with `hot`, a PLN whose leaves were written more
-    /// than the average PLN's (their DRAM counters, seed 000 §5.5) gets a
+    /// than the average PLN's (their DRAM counters, NV-Tree §5.5) gets a
     /// larger limit, so the write hot spot delays the next rebuild.
     pub fn build_adaptive(entries: Vec<Entry>, generation: u64, hot: bool) -> Index {
         assert!(!entries.is_empty(), "a tree always has a leaf");

@@ -1,4 +1,4 @@
-//! The Isle-Tree leaf (seed 002 §IV) behind [`LeafFormat`]; the layout and
+//! The Isle-Tree leaf (Isle-Tree §IV) behind [`LeafFormat`]; the layout and
 //! the reasons for it are in `format/leaf_isle.rs`.
 //!
 //! Readers take no lock. Writers change published words in place (a code

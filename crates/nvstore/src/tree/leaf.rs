@@ -1,4 +1,4 @@
-//! The leaf-format trait (DESIGN §7) and the `nv` format (seed 000 §4.3–4.4).
+//! The leaf-format trait (docs/design.md, "Write paths") and the `nv` format (NV-Tree §4.3–4.4).
 //!
 //! The tree, recovery, `check` and the crash tests are generic over
 //! [`LeafFormat`]; a format decides how elements sit in a leaf, how an append
@@ -457,7 +457,7 @@ pub trait LeafFormat: Send + Sync + 'static {
 
     /// Elements a write takes in a leaf, for the adaptive profile: an
     /// insert appends one, an update two (a NEGATIVE and the new element,
-    /// seed 000 Table 3).
+    /// NV-Tree Table 3).
     fn appended(inserted: bool) -> u64 {
         if inserted {
             1
@@ -951,7 +951,7 @@ impl LeafFormat for Nv {
         let fk = fingerprint(kw);
         let layout = h.layout(leaf.off);
         // Newest first: the newest element for a key decides (a NEGATIVE one
-        // cancels the positive it follows, seed 000 §4.3). Full elements
+        // cancels the positive it follows, NV-Tree §4.3). Full elements
         // are newer than the compact prefix. Only elements whose
         // fingerprint matches (or is unknown) are read from the leaf.
         if let Some(t) = &h.table {

@@ -1,12 +1,12 @@
-//! The NV-Tree (seed 000 §4): crash-consistent leaves in the pool, inner
+//! The NV-Tree (NV-Tree §4): crash-consistent leaves in the pool, inner
 //! nodes in DRAM.
 //!
-//! Concurrency (DESIGN §9):
+//! Concurrency (docs/design.md, "Reads"):
 //! - readers take no locks: they pin an epoch, load the current index, route
 //!   to a leaf and scan its elements up to the leaf's *durable* count, a DRAM
 //!   copy of the persistent count that is raised only after the count has
 //!   been flushed and fenced, so nothing a crash could lose is ever returned
-//!   (DESIGN §6 rule 3);
+//!   (docs/design.md, "the publish rule", rule 3);
 //! - a writer locks one leaf (a DRAM mutex, never a word in the pool);
 //! - splits, replaces and merges are serialised by one structure lock; they
 //!   build new leaves, swap them in with one sibling-pointer store, publish a
@@ -62,7 +62,7 @@ pub struct LeafRef {
     /// in place); a reader or writer that routed here with an older index
     /// routes again.
     pub high: AtomicU64,
-    /// Workload profile of this leaf (seed 000 Table 2), DRAM only.
+    /// Workload profile of this leaf (NV-Tree Table 2), DRAM only.
     pub counters: LeafCounters,
     /// Lookup hints of an nv leaf (fingerprints), DRAM only.
     pub hints: std::sync::OnceLock<leaf::Hints>,
@@ -108,7 +108,7 @@ pub struct Tree<S: Space, L: LeafFormat> {
     pub alloc: Arc<Allocator>,
     pub index: ArcSwap<Index>,
     structure: Mutex<()>,
-    /// Serialises transaction commits (DESIGN §11): at most one multi-leaf
+    /// Serialises transaction commits (NV-Tree §6.1.1): at most one multi-leaf
     /// transaction is ever unfinished, so one header word records commits.
     commit_lock: Mutex<()>,
     pub clock: Clock,
@@ -120,7 +120,7 @@ pub struct Tree<S: Space, L: LeafFormat> {
     /// its locks, before the splitting operation goes on (crash tests use it
     /// to let another writer act inside that window).
     split_hook: Mutex<Option<SplitHook>>,
-    /// Workload-adaptive node sizing (seed 000 §5): strategy, global
+    /// Workload-adaptive node sizing (NV-Tree §5): strategy, global
     /// counters and the cost model.
     pub adaptive: Profile,
     _leaf: PhantomData<L>,
@@ -307,7 +307,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
     }
 
     /// Makes room in the full leaf that `key` routes to: split, replace or
-    /// merge with the right sibling (seed 000 §4.4).
+    /// merge with the right sibling (NV-Tree §4.4).
     fn split(&self, key: &[u8]) -> Result<()> {
         let structure = self.structure.lock();
         let changed = self.split_locked(key, 2, None, false)?;
@@ -356,7 +356,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
         let (mut valid, mut dropped_blobs) = (c.valid, c.dropped_blobs);
         let old_next = L::next(&*self.space, leaf.off);
         // The minimal fill factor is half of this leaf's own capacity
-        // (seed 000 §4.4), whatever size adaptivity gave it.
+        // (NV-Tree §4.4), whatever size adaptivity gave it.
         let min_fill = L::capacity(leaf.size) / 2;
 
         // Right sibling in the same PLN, for a merge.
@@ -422,7 +422,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
             self.stats.replaces.fetch_add(1, Ordering::Relaxed);
         }
 
-        // Profile of the new leaves (seed 000 Table 3): halves of the old
+        // Profile of the new leaves (NV-Tree Table 3): halves of the old
         // leaf's counters after a split, all of them after a replace, the
         // sum of both after a merge.
         let mut profile = leaf.counters.get();
@@ -595,7 +595,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
 
     /// The size for the leaves that replace a full leaf of `size` bytes
     /// with `profile`: the node size when adaptivity is off, else
-    /// Algorithm 3 bounded by the model (seed 000 §5.3–5.4).
+    /// Algorithm 3 bounded by the model (NV-Tree §5.3–5.4).
     fn new_leaf_size(&self, size: u64, profile: LeafProfile) -> u64 {
         let s = self.adaptive.strategy();
         if s == Strategy::Off {
@@ -623,7 +623,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
         *self.split_hook.lock() = hook;
     }
 
-    /// Rebuild-from-PLN (seed 000 §4.5): a PLN overflowed; lay every entry
+    /// Rebuild-from-PLN (NV-Tree §4.5): a PLN overflowed; lay every entry
     /// out in a new index. Searches keep using the old one until the swap.
     fn rebuild_from_plns(&self, idx: &Index, changed: usize, changed_entries: Vec<Entry>) {
         let t = Instant::now();

@@ -1,4 +1,4 @@
-//! Timestamps, in-flight writers and live snapshots (DESIGN §11).
+//! Timestamps, in-flight writers and live snapshots (NV-Tree §6.1.1).
 //!
 //! Every write takes a commit timestamp from one counter while it holds the
 //! lock of the leaf it appends to, so a key's elements are appended in

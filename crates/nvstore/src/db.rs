@@ -12,7 +12,8 @@ use crate::pmem::{FileSpace, FlushKind, OpenMode, Space};
 use crate::recovery::{self, Recovery, RecoveryKind};
 use crate::tree::adaptive::{self, Model, Strategy};
 use crate::tree::isle::Isle;
-use crate::tree::leaf::{LeafFormat as _, Nv};
+use crate::tree::leaf::LeafFormat as _;
+use crate::tree::nv::Nv;
 use crate::tree::{RangeIter, SplitHook, Tree, TreeStats};
 
 /// Size of an allocation chunk; also the header's reserved area.

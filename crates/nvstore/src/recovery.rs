@@ -22,11 +22,11 @@ use std::time::Instant;
 
 use crate::alloc::Allocator;
 use crate::error::{Error, Result};
-use crate::format::leaf_nv::{self, Meta};
-use crate::format::{blob, header, saved};
+use crate::format::leaf_nv;
+use crate::format::{header, saved};
 use crate::pmem::{points, Space, LINE};
 use crate::tree::index::{Bound, Entry};
-use crate::tree::leaf::{self, LeafFormat};
+use crate::tree::leaf::LeafFormat;
 use crate::tree::{LeafRef, Tree};
 
 /// The header's clean word holds the saved state's offset in its low 48 bits
@@ -150,24 +150,6 @@ fn scan_leaf<S: Space, L: LeafFormat>(s: &S, off: u64, committed: u64, path: &Pa
         valid: sc.live,
         blobs: sc.blobs,
     })
-}
-
-/// Checks a blob reference: inside the pool, lengths consistent with the
-/// element's metadata.
-pub fn validate_blob<S: Space>(s: &S, b: u64, meta: Meta, pool: u64) -> std::result::Result<(), String> {
-    if b == 0 || !b.is_multiple_of(LINE) || b > pool.saturating_sub(blob::DATA_OFF) {
-        return Err(format!("invalid blob reference {b}"));
-    }
-    let (kl, vl) = blob::lens(s.read_u64(b));
-    let want_k = meta.key_inline.is_none();
-    let want_v = meta.value_inline.is_none();
-    if want_k != (kl > 8) || (!want_k && kl != 0) || want_v != (vl > 8) || (!want_v && vl != 0) {
-        return Err(format!("blob {b} lengths ({kl}, {vl}) do not match the element"));
-    }
-    if b + blob::DATA_OFF + kl + vl > pool {
-        return Err(format!("blob {b} overruns the pool"));
-    }
-    Ok(())
 }
 
 fn rebuild_from_leaves<S: Space, L: LeafFormat>(
@@ -415,16 +397,5 @@ pub fn save_clean<S: Space, L: LeafFormat>(tree: &Tree<S, L>) -> Result<()> {
         header::set_root(s, header::LAST_TS_OFF, tree.clock.last());
         header::set_root(s, header::CLEAN_STATE_OFF, block | (tag << CLEAN_TAG_SHIFT));
         return s.sync();
-    }
-}
-
-/// Leaf element keys with blob validation, for `check`.
-pub fn leaf_blob_ok<S: Space>(s: &S, words: &[u64; 4], pool: u64) -> std::result::Result<(), String> {
-    let meta = Meta::decode(words[3]).ok_or("invalid metadata")?;
-    if meta.needs_blob() {
-        validate_blob(s, words[1], meta, pool)
-    } else {
-        let _ = leaf::element_key(s, words);
-        Ok(())
     }
 }

@@ -39,7 +39,7 @@ use crate::baselines::{Cdds, FastFair, FpTree, Lcb, TreeEngine, Volatile, WbTree
 use crate::engine::{BenchIndex, KeyKind};
 use nvstore::pmem::file::FileOptions;
 use nvstore::pmem::{FileSpace, OpenMode, Space, ThreadCounters};
-use nvstore::{Error, LeafFormat, Result};
+use nvstore::{Error, LeafKind, Result};
 
 /// Every engine, in report order; `tree` is nvstore itself; LMDB and
 /// RocksDB with their cargo features.
@@ -245,7 +245,7 @@ const LMDB_MAP_SIZE: usize = 16 << 30;
 pub struct EngineConfig {
     pub node_size: u64,
     pub latency_ns: u64,
-    pub leaf: LeafFormat,
+    pub leaf: LeafKind,
     pub key_kind: KeyKind,
     pub pool_dir: PathBuf,
     /// Initial pool size (pools grow on demand).
@@ -257,7 +257,7 @@ impl EngineConfig {
         EngineConfig {
             node_size,
             latency_ns: 0,
-            leaf: LeafFormat::Nv,
+            leaf: LeafKind::Nv,
             key_kind: KeyKind::U64,
             pool_dir: "/dev/shm".into(),
             pool_size: 64 << 20,
@@ -684,7 +684,7 @@ pub fn run_micro(args: &MicroArgs) -> Result<Vec<MicroResult>> {
             args.locality
         )));
     }
-    let leaf: LeafFormat = args.leaf.parse().map_err(Error::InvalidOption)?;
+    let leaf: LeafKind = args.leaf.parse().map_err(Error::InvalidOption)?;
     let engines = parse_engines(&args.engine)?;
     let cfg = EngineConfig {
         node_size: args.node_size,
@@ -762,7 +762,7 @@ pub fn run_compare(args: &CompareArgs) -> Result<Vec<CompareResult>> {
     let cfg = EngineConfig {
         node_size: args.node_size,
         latency_ns: args.latency_ns,
-        leaf: LeafFormat::Nv,
+        leaf: LeafKind::Nv,
         key_kind: KeyKind::U64,
         pool_dir: args.pool_dir.clone(),
         pool_size: pool_size_for(args.keys),
@@ -777,11 +777,11 @@ pub fn run_compare(args: &CompareArgs) -> Result<Vec<CompareResult>> {
         scan_len: args.scan_len,
     };
     // The tree runs once per leaf format; the rest have one layout each.
-    let engines: Vec<(&str, LeafFormat)> = engines
+    let engines: Vec<(&str, LeafKind)> = engines
         .iter()
         .flat_map(|&e| match e {
-            "tree" => vec![("tree", LeafFormat::Nv), ("tree", LeafFormat::Isle)],
-            _ => vec![(e, LeafFormat::Nv)],
+            "tree" => vec![("tree", LeafKind::Nv), ("tree", LeafKind::Isle)],
+            _ => vec![(e, LeafKind::Nv)],
         })
         .collect();
     // runs[engine][rep]; repetition `rep` starts with engine `rep % engines`.
@@ -797,7 +797,7 @@ pub fn run_compare(args: &CompareArgs) -> Result<Vec<CompareResult>> {
     }
     let tree_i = engines
         .iter()
-        .position(|&e| e == ("tree", LeafFormat::Nv))
+        .position(|&e| e == ("tree", LeafKind::Nv))
         .expect("tree is included");
     let tree_ops: Vec<f64> = runs[tree_i].iter().map(|r| r.ops_per_sec).collect();
     Ok(engines

@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 
 use clap::{Args, Parser, Subcommand};
 use nvstore::pmem::FlushKind;
-use nvstore::{Db, LeafFormat, Options};
+use nvstore::{Db, LeafKind, Options};
 
 const EXIT_CODES: &str = "\
 Exit status: 0 success; 1 a negative answer (key absent, check found problems,
@@ -151,7 +151,7 @@ struct CreateArgs {
     node_size: u64,
     /// Leaf format.
     #[arg(long, default_value = "nv")]
-    leaf: LeafFormat,
+    leaf: LeafKind,
     /// Cache-line write-back instruction for this open (clwb, clflushopt, clflush, none);
     /// default: the best the CPU offers. Not stored in the pool.
     #[arg(long)]
@@ -711,8 +711,8 @@ fn crashtest(a: CrashtestArgs) -> CmdResult {
         }
         return io::stdout().write_all(s.as_bytes()).map_err(out_err);
     }
-    let leaf: nvstore::LeafFormat = a.leaf.parse().map_err(Fail::error)?;
-    if a.txn && leaf != nvstore::LeafFormat::Nv {
+    let leaf: nvstore::LeafKind = a.leaf.parse().map_err(Fail::error)?;
+    if a.txn && leaf != nvstore::LeafKind::Nv {
         return Err(Fail::error(format!(
             "--txn needs --leaf nv: {} leaves keep no versions, so they take no transactions",
             a.leaf

@@ -91,7 +91,7 @@ use rand::{Rng, SeedableRng};
 
 use crate::db::{Db, Options};
 use crate::error::{Error, Result};
-use crate::format::header::LeafFormat;
+use crate::format::header::LeafKind;
 use crate::format::leaf_nv;
 use crate::pmem::sim::CaptureConfig;
 use crate::pmem::{points, FlushKind, MappingKind, Point, SimSpace, Space};
@@ -109,7 +109,7 @@ pub struct Config {
     /// Persistence point to drop (the checker's self-test).
     pub drop: Option<String>,
     /// Leaf format of the pool.
-    pub leaf: LeafFormat,
+    pub leaf: LeafKind,
     /// Leaf node size in bytes (small: splits and merges happen often).
     pub node_size: u32,
     /// Initial pool size in bytes (the pool grows on demand).
@@ -142,10 +142,10 @@ impl Config {
     /// Node size a campaign uses unless told: small, so splits and merges
     /// are frequent; for isle large enough that line codes span two header
     /// words (pairs then move between words).
-    pub fn default_node_size(leaf: LeafFormat) -> u32 {
+    pub fn default_node_size(leaf: LeafKind) -> u32 {
         match leaf {
-            LeafFormat::Nv => 256,
-            LeafFormat::Isle => 640,
+            LeafKind::Nv => 256,
+            LeafKind::Isle => 640,
         }
     }
 
@@ -153,24 +153,24 @@ impl Config {
     /// times the pairs of nv ones per line and deletes free room at once,
     /// so its campaign spreads over more keys to keep splits and merges
     /// as frequent.
-    pub fn for_leaf(leaf: LeafFormat) -> Config {
+    pub fn for_leaf(leaf: LeafKind) -> Config {
         let d = Config::default();
         Config {
             leaf,
             node_size: Config::default_node_size(leaf),
             keys: match leaf {
-                LeafFormat::Nv => d.keys,
-                LeafFormat::Isle => 300,
+                LeafKind::Nv => d.keys,
+                LeafKind::Isle => 300,
             },
             // A general pair is four words in one line: more torn and
             // subset samples per capture reach more of its states.
             torn: match leaf {
-                LeafFormat::Nv => d.torn,
-                LeafFormat::Isle => 24,
+                LeafKind::Nv => d.torn,
+                LeafKind::Isle => 24,
             },
             random_subsets: match leaf {
-                LeafFormat::Nv => d.random_subsets,
-                LeafFormat::Isle => 24,
+                LeafKind::Nv => d.random_subsets,
+                LeafKind::Isle => 24,
             },
             ..d
         }
@@ -184,7 +184,7 @@ impl Default for Config {
             seed: 7,
             threads: 1,
             drop: None,
-            leaf: LeafFormat::Nv,
+            leaf: LeafKind::Nv,
             node_size: 256,
             pool_size: 256 << 10,
             keys: 100,
@@ -284,12 +284,12 @@ pub fn list_points() -> Vec<&'static str> {
 /// The points a pool of leaf format `leaf` uses (an isle pool never
 /// appends nv elements nor runs transactions; an nv pool never touches isle
 /// lines).
-pub fn points_for(leaf: LeafFormat) -> Vec<&'static str> {
+pub fn points_for(leaf: LeafKind) -> Vec<&'static str> {
     list_points()
         .into_iter()
         .filter(|p| match leaf {
-            LeafFormat::Nv => !p.starts_with("isle."),
-            LeafFormat::Isle => !(p.starts_with("nv.element.") || p.starts_with("nv.count.") || p.starts_with("txn.")),
+            LeafKind::Nv => !p.starts_with("isle."),
+            LeafKind::Isle => !(p.starts_with("nv.element.") || p.starts_with("nv.count.") || p.starts_with("txn.")),
         })
         .collect()
 }
@@ -1373,7 +1373,7 @@ impl<'c> Campaign<'c> {
                 rng: StdRng::seed_from_u64(cfg.seed),
                 keys_per_thread: keys_per_thread(cfg),
                 txn: cfg.txn,
-                compact_values: cfg.leaf == LeafFormat::Isle,
+                compact_values: cfg.leaf == LeafKind::Isle,
                 window: [(0, 0); 2],
             },
             check_rng: StdRng::seed_from_u64(cfg.seed ^ 0xC0FF_EE00_D15E_A5E5),
@@ -1443,7 +1443,7 @@ impl<'c> Campaign<'c> {
         w.max_leaves = w
             .max_leaves
             .max(db.index_leaves().iter().filter(|l| l.0 != 0).count() as u64);
-        if db.leaf_format() == LeafFormat::Nv {
+        if db.leaf_format() == LeafKind::Nv {
             let compact: u64 = (db.leaf_offsets().iter())
                 .filter(|(off, _)| *off != 0)
                 .map(|&(off, _)| leaf_nv::Layout::read(db.space(), off).compact)
@@ -1994,7 +1994,7 @@ fn verify(env: &Env, db: &Db<Probe>, allowed: &Allowed, job: &CheckJob, out: &mu
                 rng: StdRng::seed_from_u64(rng.gen()),
                 keys_per_thread: env.keys_per_thread,
                 txn: env.cfg.txn,
-                compact_values: env.cfg.leaf == LeafFormat::Isle,
+                compact_values: env.cfg.leaf == LeafKind::Isle,
                 window: [(0, 0); 2],
             };
             let mut scratch = WorkStats::default();
@@ -2076,8 +2076,8 @@ fn verify(env: &Env, db: &Db<Probe>, allowed: &Allowed, job: &CheckJob, out: &mu
 fn leaves_sane(db: &Db<Probe>) -> std::result::Result<(), String> {
     let pool = db.space().size();
     let capacity = match db.leaf_format() {
-        LeafFormat::Nv => leaf_nv::capacity,
-        LeafFormat::Isle => crate::format::leaf_isle::capacity,
+        LeafKind::Nv => leaf_nv::capacity,
+        LeafKind::Isle => crate::format::leaf_isle::capacity,
     };
     for (off, size, n) in db.index_leaves() {
         if off == 0 {

@@ -6,13 +6,15 @@
 //! print exactly one line on stderr, `nvstore: <what went wrong>`, naming the
 //! file involved.
 
+#![deny(unsafe_code)]
+
 mod demo;
-mod escape;
 use nvstore::units;
+use nvstore_cli::escape;
 
 use std::ffi::OsString;
 use std::fs::File;
-use std::io::{self, BufRead, BufReader, IsTerminal, Read, Write};
+use std::io::{self, BufReader, IsTerminal, Read, Write};
 use std::ops::Bound;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
@@ -605,30 +607,21 @@ fn load(pool: &Path, input: &Path) -> CmdResult {
         let len = f.metadata().ok().map(|m| m.len());
         (Box::new(f), len)
     };
-    let mut reader = BufReader::with_capacity(1 << 16, reader);
+    let reader = BufReader::with_capacity(1 << 16, reader);
     let db = Db::open(pool, Options::default()).map_err(lib_err(pool))?;
     let pb = progress_bar(total);
-    let mut line = Vec::new();
-    let mut lineno = 0u64;
+    let mut records = escape::Records::new(reader);
     let mut loaded = 0u64;
     let result = loop {
-        line.clear();
-        let n = match reader.read_until(b'\n', &mut line) {
-            Ok(n) => n,
-            Err(e) => break Err(format!("{name}: {}", io_msg(&e))),
+        let rec = match records.next_record() {
+            Ok(Some(r)) => r,
+            Ok(None) => break Ok(()),
+            Err(escape::ReadError::Io(e)) => break Err(format!("{name}: {}", io_msg(&e))),
+            Err(escape::ReadError::Parse(e)) => break Err(format!("{name}:{}: {e}", records.line())),
         };
-        if n == 0 {
-            break Ok(());
-        }
-        lineno += 1;
-        pb.inc(n as u64);
-        let body = line.strip_suffix(b"\n").unwrap_or(&line);
-        let (k, v) = match escape::parse_record(body) {
-            Ok(kv) => kv,
-            Err(e) => break Err(format!("{name}:{lineno}: {e}")),
-        };
-        if let Err(e) = db.put(&k, &v) {
-            break Err(format!("{name}:{lineno}: {}", lib_err(pool)(e).msg));
+        pb.inc(rec.len as u64);
+        if let Err(e) = db.put(&rec.key, &rec.value) {
+            break Err(format!("{name}:{}: {}", records.line(), lib_err(pool)(e).msg));
         }
         loaded += 1;
         if loaded.is_multiple_of(4096) {

@@ -96,7 +96,12 @@ const fn up(v: u64, a: u64) -> u64 {
 
 impl Geometry {
     fn plan(size: u64, l: Layout) -> Result<Geometry> {
-        if !l.op_ring.is_multiple_of(OP_HDR) || !l.slab.is_multiple_of(64) || l.slab == 0 || l.mem_area < 64 || l.naming_slots == 0 {
+        if !l.op_ring.is_multiple_of(OP_HDR)
+            || !l.slab.is_multiple_of(64)
+            || l.slab == 0
+            || l.mem_area < 64
+            || l.naming_slots == 0
+        {
             return Err(Error::NotAPool(
                 "layout: op ring must be a multiple of 16, slab of 64".into(),
             ));

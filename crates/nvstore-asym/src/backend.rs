@@ -64,6 +64,17 @@ impl Default for Layout {
 }
 
 impl Layout {
+    /// The default layout with areas shrunk to fit a pool of `size` bytes
+    /// (each log area at most an eighth of it).
+    pub fn default_for(size: u64) -> Layout {
+        let d = Layout::default();
+        Layout {
+            op_ring: d.op_ring.min(size / 8 / 16 * 16),
+            mem_area: d.mem_area.min(size / 8),
+            ..d
+        }
+    }
+
     /// A small layout for tests and the crash simulator.
     pub fn small() -> Layout {
         Layout {

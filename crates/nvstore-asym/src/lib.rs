@@ -20,6 +20,7 @@
 #![deny(unsafe_code)]
 
 pub mod backend;
+pub mod cli;
 
 pub mod points;
 

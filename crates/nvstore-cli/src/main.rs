@@ -109,6 +109,8 @@ enum Cmd {
     Bench(BenchCmd),
     /// Serve a pool over the Redis protocol (RESP2/RESP3) until SIGINT, SIGTERM or SHUTDOWN.
     Serve(nvstore_server::ServeArgs),
+    /// Run an AsymNVM back-end on a pool: front-ends reach it over TCP (README, "Disaggregated memory").
+    Backend(nvstore_asym::cli::BackendArgs),
 }
 
 #[derive(Subcommand, Debug)]
@@ -334,6 +336,7 @@ fn main() {
         Cmd::Demo(a) => demo::run(a),
         Cmd::Bench(b) => bench(b),
         Cmd::Serve(a) => nvstore_server::serve(a.into_config()).map_err(Fail::error),
+        Cmd::Backend(a) => nvstore_asym::cli::run(&a).map_err(Fail::error),
     };
     if let Err(f) = r {
         if !f.msg.is_empty() {

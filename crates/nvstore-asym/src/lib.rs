@@ -20,16 +20,20 @@
 #![deny(unsafe_code)]
 
 pub mod backend;
+pub mod cache;
 pub mod cli;
 
 pub mod points;
+pub mod remote;
 
 pub mod server;
+pub mod structures;
 
 pub mod transport;
 pub mod wire;
 
 pub use backend::{Backend, Layout};
+pub use remote::{Mode, Remote, RemoteOptions};
 
 pub use transport::{Client, Counters, Fault, FaultyTransport, LocalTransport, TcpTransport, Transport};
 

@@ -9,6 +9,7 @@
 #![deny(unsafe_code)]
 
 pub mod adaptive;
+pub mod asym;
 pub mod baselines;
 pub mod engine;
 pub mod external;
@@ -17,6 +18,7 @@ pub mod plot;
 pub mod ycsb;
 
 pub use adaptive::{adaptive_main, run_adaptive, AdaptiveArgs, AdaptiveResult, AdaptiveWorkload};
+pub use asym::{asym_main, run_asym, AsymArgs, AsymResult};
 pub use engine::{BenchIndex, EngineStats, KeyKind};
 pub use micro::{
     compare_main, micro_main, run_compare, run_micro, CompareArgs, CompareResult, MicroArgs, MicroResult, Op,

@@ -125,6 +125,8 @@ enum BenchCmd {
     Adaptive(nvstore_bench::AdaptiveArgs),
     /// Draw the papers' figures (SVG and PNG) from the JSON results in a directory.
     Plot(nvstore_bench::PlotArgs),
+    /// AsymNVM: a data structure on a back-end over loopback TCP, naive/r/rc/rcb (AsymNVM Table 3).
+    Asym(nvstore_bench::AsymArgs),
 }
 
 const LOAD_HELP: &str = "\
@@ -355,6 +357,7 @@ fn bench(b: BenchCmd) -> CmdResult {
         BenchCmd::Ycsb(a) => nvstore_bench::ycsb_main(a, &mut out).map(|_| ()),
         BenchCmd::Adaptive(a) => nvstore_bench::adaptive_main(a, &mut out).map(|_| ()),
         BenchCmd::Plot(a) => nvstore_bench::plot_main(a, &mut out).map(|_| ()),
+        BenchCmd::Asym(a) => return nvstore_bench::asym_main(a, &mut out).map(|_| ()).map_err(Fail::error),
     };
     r.map_err(|e| Fail::error(e.to_string()))
 }

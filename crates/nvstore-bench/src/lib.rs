@@ -14,6 +14,7 @@
 
 pub mod adaptive;
 pub mod args;
+pub mod asym;
 pub mod baselines;
 pub mod engine;
 pub mod external;
@@ -25,6 +26,7 @@ pub mod registry;
 pub mod ycsb;
 
 pub use adaptive::{adaptive_main, run_adaptive, AdaptiveArgs, AdaptiveResult, AdaptiveWorkload};
+pub use asym::{asym_main, run_asym, AsymArgs, AsymResult};
 pub use engine::{BenchIndex, EngineStats, KeyKind};
 pub use micro::{
     compare_main, micro_main, run_compare, run_micro, CompareArgs, CompareResult, MicroArgs, MicroResult, Op,

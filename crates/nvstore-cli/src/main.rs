@@ -111,6 +111,8 @@ enum Cmd {
     Bench(BenchCmd),
     /// Serve a pool over the Redis protocol (RESP2/RESP3) until SIGINT, SIGTERM or SHUTDOWN.
     Serve(nvstore_server::ServeArgs),
+    /// Run an AsymNVM back-end on a pool: front-ends reach it over TCP (README, "Disaggregated memory").
+    Backend(nvstore_asym::cli::BackendArgs),
 }
 
 #[derive(Subcommand, Debug)]
@@ -125,6 +127,8 @@ enum BenchCmd {
     Adaptive(nvstore_bench::AdaptiveArgs),
     /// Draw the papers' figures (SVG and PNG) from the JSON results in a directory.
     Plot(nvstore_bench::PlotArgs),
+    /// AsymNVM: a data structure on a back-end over loopback TCP, naive/r/rc/rcb (AsymNVM Table 3).
+    Asym(nvstore_bench::AsymArgs),
 }
 
 const LOAD_HELP: &str = "\
@@ -336,6 +340,7 @@ fn main() {
         Cmd::Demo(a) => demo::run(a),
         Cmd::Bench(b) => bench(b),
         Cmd::Serve(a) => nvstore_server::serve(a.into_config()).map_err(Fail::error),
+        Cmd::Backend(a) => nvstore_asym::cli::run(&a).map_err(Fail::error),
     };
     if let Err(f) = r {
         if !f.msg.is_empty() {
@@ -354,6 +359,7 @@ fn bench(b: BenchCmd) -> CmdResult {
         BenchCmd::Ycsb(a) => nvstore_bench::ycsb_main(a, &mut out).map(|_| ()),
         BenchCmd::Adaptive(a) => nvstore_bench::adaptive_main(a, &mut out).map(|_| ()),
         BenchCmd::Plot(a) => nvstore_bench::plot_main(a, &mut out).map(|_| ()),
+        BenchCmd::Asym(a) => return nvstore_bench::asym_main(a, &mut out).map(|_| ()).map_err(Fail::error),
     };
     r.map_err(|e| Fail::error(e.to_string()))
 }

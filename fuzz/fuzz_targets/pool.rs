@@ -10,8 +10,11 @@
 //! The damaged pool is then opened read-only, checked, read by key and
 //! scanned in full; a copy is opened for writing, written and closed.
 //! Every step may fail with an error; none may panic, crash or hang.
-//! Adaptive node sizing is off when damaged pools open: its calibration
-//! measures time, and the fuzzer needs runs that repeat exactly.
+//! Adaptive node sizing is off: it measures time, and the fuzzer needs base
+//! pools and runs that repeat exactly.
+//!
+//! To craft an input by hand, `NVSTORE_FUZZ_BASES=DIR` writes the four base
+//! pools to DIR (`0.nvs` .. `3.nvs`, by the first input byte).
 
 #![no_main]
 
@@ -63,6 +66,7 @@ fn base_pool(leaf: LeafKind) -> Vec<u8> {
         max_size: MAX_SIZE,
         node_size: 256,
         leaf,
+        adaptive: Adaptive::Off,
         ..Options::default()
     };
     let db = Db::open(&path, opts).expect("create the base pool");
@@ -89,6 +93,11 @@ fn bases() -> &'static [Vec<u8>] {
             crashed[CLEAN_STATE_OFF..CLEAN_STATE_OFF + 8].fill(0);
             out.push(clean);
             out.push(crashed);
+        }
+        if let Some(dir) = std::env::var_os("NVSTORE_FUZZ_BASES") {
+            for (i, pool) in out.iter().enumerate() {
+                std::fs::write(Path::new(&dir).join(format!("{i}.nvs")), pool).expect("write a base pool");
+            }
         }
         out
     })

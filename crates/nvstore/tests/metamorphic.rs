@@ -10,13 +10,15 @@
 //! pool: never reopened, closed cleanly and reopened a few times, or
 //! crashed during a few operations (one crash image the simulator captured
 //! inside the operation, picked at random, is recovered: the operation must
-//! be there whole or not at all, and is run again when it is not). Isle
+//! be there whole or not at all, and is run again when it is not; a clean
+//! close, and the instant reopen after it, may crash too). Isle
 //! pools take no write batches or transactions, so there each becomes its
 //! single-key writes, which must end in the same contents.
 //!
 //! Along the way every get and every transaction's reads agree with a
 //! `BTreeMap` model; at checkpoints and at the end the full scan (forward
-//! and reverse) equals the model, `len()` its size, and `check()` is clean;
+//! and reverse), bounded ranges and prefixes equal the model's, `len()` its
+//! size, and `check()` is clean;
 //! and the scans of all configurations at each checkpoint are equal.
 //!
 //! `NVSTORE_METAMORPHIC_SEEDS=n` runs `n` seeds instead of the fixed list,
@@ -24,6 +26,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
+use std::ops::Bound;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::Path;
 
@@ -335,11 +338,68 @@ fn verify(db: &Db<SimSpace>, model: &Model) -> Result<Pairs, String> {
     if db.len() != model.len() as u64 {
         return Err(format!("len() is {}, model has {}", db.len(), model.len()));
     }
+    ranges(db, model)?;
     let r = db.check();
     if !r.ok {
         return Err(format!("check: {}", r.problems.join("; ")));
     }
     Ok(pairs)
+}
+
+/// Bounded ranges (both ways, bounds present and absent, inclusive and
+/// exclusive) and prefixes agree with the model.
+fn ranges(db: &Db<SimSpace>, model: &Model) -> Result<(), String> {
+    let keys: Vec<&Vec<u8>> = model.keys().collect();
+    let mut points: Vec<Vec<u8>> = [1, 3, 4, 5, 7]
+        .iter()
+        .filter_map(|i| keys.get(keys.len() * i / 8).map(|k| k.to_vec()))
+        .collect();
+    points.extend([key(5), key(8), key(12), b"longkey/0001".to_vec(), vec![0xff; 3]]);
+    points.sort();
+    for (n, w) in points.windows(2).enumerate() {
+        let (lo, hi) = (w[0].clone(), w[1].clone());
+        let bounds = match n % 3 {
+            0 => (Bound::Included(lo), Bound::Excluded(hi)),
+            1 => (Bound::Excluded(lo), Bound::Included(hi)),
+            _ => (Bound::Included(lo), Bound::Unbounded),
+        };
+        if matches!(&bounds, (Bound::Excluded(a), Bound::Included(b)) if a == b) {
+            continue;
+        }
+        let want: Pairs = model
+            .range(bounds.clone())
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let got: Pairs = db.range(bounds.clone()).collect();
+        if got != want {
+            return Err(format!("range {bounds:?}: {} pairs, model {}", got.len(), want.len()));
+        }
+        let rev: Pairs = db.range_rev(bounds.clone()).collect();
+        if !rev.iter().rev().eq(want.iter()) {
+            return Err(format!(
+                "reverse range {bounds:?}: {} pairs, model {}",
+                rev.len(),
+                want.len()
+            ));
+        }
+    }
+    for p in [&b"longkey/"[..], b"k1", b"k", &[0xff], &[0xff, 0xff], &[0, 0]] {
+        let want: Vec<&Vec<u8>> = model.keys().filter(|k| k.starts_with(p)).collect();
+        let got: Vec<Vec<u8>> = db.prefix(p).map(|(k, _)| k).collect();
+        if !got.iter().eq(want.iter().copied()) {
+            return Err(format!("prefix {}: {} keys, model {}", show(p), got.len(), want.len()));
+        }
+        let rev: Vec<Vec<u8>> = db.prefix_rev(p).map(|(k, _)| k).collect();
+        if !rev.iter().rev().eq(want.iter().copied()) {
+            return Err(format!(
+                "reverse prefix {}: {} keys, model {}",
+                show(p),
+                rev.len(),
+                want.len()
+            ));
+        }
+    }
+    Ok(())
 }
 
 fn diff(pairs: &[(Vec<u8>, Vec<u8>)], model: &Model) -> String {
@@ -382,6 +442,9 @@ struct Seen {
     kept: u64,
     /// The image was captured at a fence inside the op (not at its boundary).
     mid_op: u64,
+    /// Crashes during a clean close, and during the instant reopen after one.
+    close_crashes: u64,
+    reopen_crashes: u64,
     /// Most distinct leaf sizes in one tree at a checkpoint (adaptive runs).
     leaf_sizes: usize,
 }
@@ -413,10 +476,36 @@ fn run_conf(conf: &Conf, seed: u64, ops: &[Op], seen: &mut Seen) -> Result<Scans
     for (s, (i, op)) in steps.iter().enumerate() {
         let at = |what: String| format!("step {s} (op {i}: {op}): {what}");
         if conf.life == Life::CleanReopen && events.contains(&s) {
+            // Capture on: a crash may come during the close or during the
+            // instant reopen (which clears the clean flag); either way the
+            // pool recovers to the model.
+            db.space().set_capture(Some(CaptureConfig::new(rng.gen())));
             let space = db.close_into_space().map_err(|e| at(format!("close: {e}")))?;
-            db = open(space.current_image(), conf).map_err(at)?;
-            if db.recovery().kind != nvstore::RecoveryKind::Instant {
-                return Err(at(format!("clean reopen recovered by {:?}", db.recovery().kind)));
+            let closing = space.take_images();
+            space.set_capture(None);
+            if !closing.is_empty() && rng.gen_ratio(1, 3) {
+                seen.close_crashes += 1;
+                let image = &closing[rng.gen_range(0..closing.len())];
+                let (kind, point) = (image.kind, image.point);
+                db = open(image.data.clone(), conf)
+                    .map_err(|e| at(format!("crash image {kind} of the close before {point}: {e}")))?;
+            } else {
+                let reopened = SimSpace::from_image(space.current_image());
+                reopened.set_capture(Some(CaptureConfig::new(rng.gen())));
+                db = Db::open_space(reopened, Path::new(PATH)).map_err(|e| at(format!("reopen: {e}")))?;
+                db.set_adaptive(conf.adaptive);
+                if db.recovery().kind != nvstore::RecoveryKind::Instant {
+                    return Err(at(format!("clean reopen recovered by {:?}", db.recovery().kind)));
+                }
+                let opening = db.space().take_images();
+                db.space().set_capture(None);
+                if !opening.is_empty() && rng.gen_bool(0.5) {
+                    seen.reopen_crashes += 1;
+                    let image = &opening[rng.gen_range(0..opening.len())];
+                    let (kind, point) = (image.kind, image.point);
+                    db = open(image.data.clone(), conf)
+                        .map_err(|e| at(format!("crash image {kind} of the reopen before {point}: {e}")))?;
+                }
             }
             verify(&db, &model).map_err(|e| at(format!("after a clean reopen: {e}")))?;
         }
@@ -552,6 +641,7 @@ fn every_configuration_ends_in_the_same_contents() {
     // The crashes reached both outcomes, from images inside operations,
     // and adaptive sizing made leaves of several sizes.
     assert!(seen.lost > 0 && seen.kept > 0 && seen.mid_op > 0, "{seen:?}");
+    assert!(seen.close_crashes > 0 && seen.reopen_crashes > 0, "{seen:?}");
     assert!(seen.leaf_sizes > 1, "{seen:?}");
 }
 

@@ -1,7 +1,7 @@
 //! Crash-consistency campaigns (README, "How crash safety is shown").
 //!
-//! A campaign runs a seeded workload against a [`Db`] on the crash simulator
-//! ([`SimSpace`]) with image capture on, so every fence and every operation
+//! A campaign runs a seeded workload against a [`Db`](crate::Db) on the crash simulator
+//! ([`SimSpace`](crate::pmem::SimSpace)) with image capture on, so every fence and every operation
 //! boundary yields the images a machine could hold after a crash there. Every
 //! new image (deduplicated across the whole campaign by content hash) is
 //! recovered and checked:

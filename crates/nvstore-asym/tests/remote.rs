@@ -257,3 +257,30 @@ fn a_bptree_writer_that_dies_is_recovered_exactly_once() {
         assert_eq!(t.len(&mut r).unwrap(), model.len() as u64);
     }
 }
+
+#[test]
+fn an_old_batch_travels_with_the_next_operation_log() {
+    let o = RemoteOptions {
+        mode: Mode::Rcb,
+        batch: 1000,
+        flush_after: Duration::ZERO,
+        ..RemoteOptions::default()
+    };
+    let mut r = Remote::open(LocalTransport::new(backend()), o).unwrap();
+    let mut q = Queue::open(&mut r, "q").unwrap();
+    q.enqueue(&mut r, 0, &val(0)).unwrap();
+    let start = r.counters().clone();
+    for i in 1..=20 {
+        q.enqueue(&mut r, i, &val(i)).unwrap();
+    }
+    let d = r.counters().since(&start);
+    // Batch by age: every operation's frame carries the batch, still one round trip each.
+    assert_eq!(
+        (
+            d.round_trips - d.verbs_of("malloc"),
+            d.verbs_of("op_log"),
+            d.verbs_of("tx_write")
+        ),
+        (20, 20, 20)
+    );
+}

@@ -176,3 +176,111 @@ fn a_back_end_restart_makes_the_session_stale_and_recovery_completes_it() {
     let items: Vec<u64> = s.items(&mut r).unwrap().into_iter().map(|x| x.0).collect();
     assert_eq!(items, (0..50).rev().collect::<Vec<_>>());
 }
+
+#[test]
+fn bptree_agrees_with_a_model_in_every_mode() {
+    use nvstore_asym::structures::BpTree;
+    use rand::{Rng, SeedableRng};
+    for mode in MODES {
+        let b = backend();
+        let mut r = Remote::open(LocalTransport::new(b.clone()), opts(mode, 32)).unwrap();
+        let mut t = BpTree::open(&mut r, "t").unwrap();
+        let mut model = std::collections::BTreeMap::new();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        for i in 0..1500u64 {
+            let k = rng.gen_range(0..3000u64);
+            t.put(&mut r, k, &val(i)).unwrap();
+            model.insert(k, val(i));
+            if i % 97 == 0 {
+                let probe = rng.gen_range(0..3000u64);
+                assert_eq!(t.get(&mut r, probe).unwrap(), model.get(&probe).cloned(), "{mode:?}");
+            }
+        }
+        assert_eq!(t.len(&mut r).unwrap(), model.len() as u64);
+        r.close().unwrap();
+        let mut r = Remote::open(LocalTransport::new(b), opts(mode, 32)).unwrap();
+        let t = BpTree::open(&mut r, "t").unwrap();
+        assert_eq!(t.scan(&mut r).unwrap(), model, "{mode:?}");
+    }
+}
+
+#[test]
+fn bptree_updates_with_a_warm_cache_cost_one_round_trip_in_rcb() {
+    use nvstore_asym::structures::BpTree;
+    let mut r = Remote::open(LocalTransport::new(backend()), opts(Mode::Rcb, 50)).unwrap();
+    let mut t = BpTree::open(&mut r, "t").unwrap();
+    for k in 0..500u64 {
+        t.put(&mut r, k * 7 % 500, &val(k)).unwrap();
+    }
+    for k in 0..500u64 {
+        t.get(&mut r, k).unwrap();
+    }
+    let start = r.counters().clone();
+    for k in 0..500u64 {
+        t.put(&mut r, k, &val(k + 1)).unwrap();
+    }
+    let d = r.counters().since(&start);
+    assert_eq!(
+        (d.round_trips, d.verbs_of("op_log"), d.verbs_of("tx_write")),
+        (500, 500, 10)
+    );
+}
+
+#[test]
+fn a_bptree_writer_that_dies_is_recovered_exactly_once() {
+    use nvstore_asym::structures::BpTree;
+    for kill_after in [30u64, 77] {
+        let b = backend();
+        let fault = Fault {
+            kill_after: Some(kill_after),
+            ..Fault::default()
+        };
+        let mut r = Remote::open(
+            FaultyTransport::new(LocalTransport::new(b.clone()), fault),
+            opts(Mode::Rcb, 8),
+        )
+        .unwrap();
+        let mut t = BpTree::open(&mut r, "t").unwrap();
+        let mut model = std::collections::BTreeMap::new();
+        for i in 0.. {
+            let k = i * 37 % 1000;
+            if t.put(&mut r, k, &val(i)).is_err() {
+                break;
+            }
+            model.insert(k, val(i));
+        }
+        drop(r);
+        let mut r = Remote::open(LocalTransport::new(b), opts(Mode::Rcb, 8)).unwrap();
+        let mut t = BpTree::open(&mut r, "t").unwrap();
+        recover(&mut r, &mut t).unwrap();
+        assert_eq!(t.scan(&mut r).unwrap(), model, "kill after {kill_after}");
+        assert_eq!(t.len(&mut r).unwrap(), model.len() as u64);
+    }
+}
+
+#[test]
+fn an_old_batch_travels_with_the_next_operation_log() {
+    let o = RemoteOptions {
+        mode: Mode::Rcb,
+        batch: 1000,
+        flush_after: Duration::ZERO,
+        ..RemoteOptions::default()
+    };
+    let mut r = Remote::open(LocalTransport::new(backend()), o).unwrap();
+    let mut q = Queue::open(&mut r, "q").unwrap();
+    q.enqueue(&mut r, 0, &val(0)).unwrap();
+    let start = r.counters().clone();
+    for i in 1..=20 {
+        q.enqueue(&mut r, i, &val(i)).unwrap();
+    }
+    let d = r.counters().since(&start);
+    // Batch by age: every operation's frame carries the batch, still one round trip each.
+    assert_eq!(
+        (
+            d.round_trips - d.verbs_of("malloc"),
+            d.verbs_of("op_log"),
+            d.verbs_of("tx_write")
+        ),
+        (20, 20, 20)
+    );
+}

@@ -1,6 +1,6 @@
 //! `nvstore bench asym`: AsymNVM Table 3 on this machine. One front-end
 //! runs a data structure on a back-end over loopback TCP; 100% writes
-//! (enqueue or push), every operation acknowledged when durable.
+//! (enqueue, push, or B+-tree insert), every operation acknowledged when durable.
 //!
 //! The back-end runs in this process on its own threads (a pool file on
 //! /dev/shm, removed afterwards), or elsewhere with `--connect ADDR`.
@@ -11,14 +11,15 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
-use nvstore_asym::structures::{Queue, Stack};
+use nvstore_asym::structures::{BpTree, Queue, Stack};
 use nvstore_asym::{Backend, Fault, FaultyTransport, Layout, Mode, Remote, RemoteOptions, TcpTransport, Transport};
+use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
 /// `nvstore bench asym` flags.
 #[derive(clap::Args, Clone, Debug)]
 pub struct AsymArgs {
-    /// Data structure: queue or stack.
+    /// Data structure: queue, stack (enqueue / push) or bptree (inserts of uniform random keys).
     #[arg(long, default_value = "queue")]
     pub structure: String,
     /// naive, r, rc or rcb (AsymNVM Table 3).
@@ -57,8 +58,15 @@ pub struct AsymResult {
     pub p99_ns: u64,
 }
 
-/// Node bytes per item (for the cache percentage).
-const ITEM: u64 = 80;
+/// Node bytes per item (for the cache percentage): list nodes are 80
+/// bytes; B+-tree leaves hold 64-byte values about 3/4 full.
+fn item_bytes(structure: &str) -> u64 {
+    if structure == "bptree" {
+        100
+    } else {
+        80
+    }
+}
 
 fn start_backend() -> Result<(SocketAddr, PathBuf), String> {
     let dir = if std::path::Path::new("/dev/shm").is_dir() {
@@ -82,9 +90,9 @@ fn start_backend() -> Result<(SocketAddr, PathBuf), String> {
 /// Runs the benchmark and returns its result.
 pub fn run_asym(a: &AsymArgs) -> Result<AsymResult, String> {
     let mode = Mode::parse(&a.mode).ok_or_else(|| format!("unknown mode {:?}: naive, r, rc or rcb", a.mode))?;
-    if !matches!(a.structure.as_str(), "queue" | "stack") {
+    if !matches!(a.structure.as_str(), "queue" | "stack" | "bptree") {
         return Err(format!(
-            "structure {:?} is not implemented yet: queue or stack",
+            "structure {:?} is not implemented yet: queue, stack or bptree",
             a.structure
         ));
     }
@@ -118,7 +126,7 @@ fn run_on(a: &AsymArgs, mode: Mode, addr: SocketAddr) -> Result<AsymResult, Stri
     let opts = RemoteOptions {
         mode,
         batch: a.batch.max(1),
-        cache_bytes: ((a.ops * ITEM * a.cache_pct / 100) as usize).max(4096),
+        cache_bytes: ((a.ops * item_bytes(&a.structure) * a.cache_pct / 100) as usize).max(4096),
         owner: rand::random::<u64>() | 1,
         lock: format!("bench-{}", rand::random::<u32>()),
         ..RemoteOptions::default()
@@ -128,20 +136,22 @@ fn run_on(a: &AsymArgs, mode: Mode, addr: SocketAddr) -> Result<AsymResult, Stri
     let name = format!("{}-{}", a.structure, rand::random::<u32>());
     let value = [0x42u8; 64];
     let mut hist = Histogram::<u64>::new_with_bounds(1, 3_600_000_000_000, 3).expect("bounds");
-    let mut q = None;
-    let mut s = None;
-    if a.structure == "queue" {
-        q = Some(Queue::open(&mut r, &name).map_err(e)?);
-    } else {
-        s = Some(Stack::open(&mut r, &name).map_err(e)?);
+    let (mut q, mut s, mut tree) = (None, None, None);
+    match a.structure.as_str() {
+        "queue" => q = Some(Queue::open(&mut r, &name).map_err(e)?),
+        "stack" => s = Some(Stack::open(&mut r, &name).map_err(e)?),
+        _ => tree = Some(BpTree::open(&mut r, &name).map_err(e)?),
     }
+    let mut rng = rand::rngs::StdRng::seed_from_u64(42);
     let start_counters = r.counters().clone();
     let t0 = Instant::now();
     for i in 0..a.ops {
         let t = Instant::now();
-        match (&mut q, &mut s) {
-            (Some(q), _) => q.enqueue(&mut r, i, &value),
-            (_, Some(s)) => s.push(&mut r, i, &value),
+        let key = rng.gen_range(0..a.ops.saturating_mul(4).max(1));
+        match (&mut q, &mut s, &mut tree) {
+            (Some(q), _, _) => q.enqueue(&mut r, i, &value),
+            (_, Some(s), _) => s.push(&mut r, i, &value),
+            (_, _, Some(tr)) => tr.put(&mut r, key, &value),
             _ => unreachable!(),
         }
         .map_err(e)?;

@@ -5,8 +5,10 @@
 //! opcode and arguments), and re-executes unapplied operation logs when a
 //! writer restarts ([`recover`]). Values are 64 bytes (AsymNVM §9.2).
 
+pub mod bptree;
 pub mod list;
 
+pub use bptree::BpTree;
 pub use list::{Queue, Stack};
 
 use crate::{Remote, Result};

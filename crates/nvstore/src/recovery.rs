@@ -191,8 +191,7 @@ fn rebuild_from_leaves<S: Space, L: LeafFormat>(
     let undo: Vec<&LeafScan> = leaves.iter().filter(|l| l.undo).collect();
     if !undo.is_empty() && s.writable() {
         for l in &undo {
-            s.store(l.off + leaf_nv::COUNT_OFF, l.count);
-            s.flush(l.off + leaf_nv::COUNT_OFF, 8, points::TXN_UNDO_FLUSH);
+            L::lower_count(s, l.off, l.count);
         }
         s.fence(points::TXN_UNDO_FENCE);
     }

@@ -7,8 +7,9 @@ use std::sync::Arc;
 use crossbeam_epoch as epoch;
 
 use super::collate::Keep;
+use super::collate::Slot;
 use super::index::{Bound, Found};
-use super::leaf::{LeafFormat, Slot};
+use super::leaf::LeafFormat;
 use super::{KeyBound, Tree};
 use crate::format::element;
 use crate::pmem::Space;

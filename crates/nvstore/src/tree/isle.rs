@@ -20,8 +20,8 @@ use std::collections::HashMap;
 use std::ops::Bound as RB;
 use std::sync::atomic::{fence, AtomicU64, Ordering};
 
-use super::collate::{Collated, Keep};
-use super::leaf::{self, Audit, AuditCtx, Elem, LeafFormat, Newest, Removed, Scan, Slot, Written};
+use super::collate::{Collated, Keep, Slot};
+use super::leaf::{self, Audit, AuditCtx, Elem, LeafFormat, Newest, Removed, Scan, Written};
 use super::mvcc::Clock;
 use super::LeafRef;
 use crate::format::element;
@@ -705,6 +705,12 @@ impl LeafFormat for Isle {
         // Room depends on the kind of pair; a writer that found none asked
         // for the rewrite, and a leaf another writer replaced is dead.
         false
+    }
+
+    fn lower_count<S: Space>(_s: &S, leaf: u64, _count: u64) {
+        // Isle writes publish pair by pair through code words, never as a
+        // multi-leaf transaction: its scan never asks for an undo.
+        unreachable!("isle leaf {leaf} has no count to lower");
     }
 
     fn scan<S: Space>(s: &S, off: u64, committed: u64) -> std::result::Result<Scan, String> {

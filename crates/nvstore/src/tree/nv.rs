@@ -5,9 +5,9 @@ use std::collections::HashMap;
 use std::ops::Bound as RB;
 use std::sync::atomic::Ordering;
 
-use super::collate::{collate, collate_in, Collated, Keep};
+use super::collate::{collate, collate_in, Collated, Keep, Slot};
 use super::hints::{cached_layout, fingerprint, hints, KeyTable};
-use super::leaf::{show, Audit, AuditCtx, Elem, LeafFormat, Lookup, Newest, Removed, Scan, Slot, Written};
+use super::leaf::{show, Audit, AuditCtx, Elem, LeafFormat, Lookup, Newest, Removed, Scan, Written};
 use super::mvcc::Clock;
 use super::LeafRef;
 use crate::format::blob;
@@ -346,6 +346,11 @@ impl LeafFormat for Nv {
 
     fn has_room<S: Space>(_s: &S, leaf: &LeafRef, need: u64) -> bool {
         leaf.durable.load(Ordering::Relaxed) + need <= Self::capacity(leaf.size)
+    }
+
+    fn lower_count<S: Space>(s: &S, leaf: u64, count: u64) {
+        s.store(leaf + nv::COUNT_OFF, count);
+        s.flush(leaf + nv::COUNT_OFF, 8, points::TXN_UNDO_FLUSH);
     }
 
     fn scan<S: Space>(s: &S, off: u64, committed: u64) -> std::result::Result<Scan, String> {

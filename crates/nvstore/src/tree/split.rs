@@ -11,8 +11,9 @@ use crossbeam_epoch as epoch;
 
 use super::adaptive::{LeafProfile, Strategy};
 use super::collate::Keep;
+use super::collate::Slot;
 use super::index::{Bound, Entry, Found, Index, Pln};
-use super::leaf::{LeafFormat, Slot};
+use super::leaf::LeafFormat;
 use super::{LeafRef, Tree};
 use crate::error::Result;
 use crate::format::header;
@@ -228,6 +229,15 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
             );
         }
         self.space.fence(points::NV_NEWLEAF_FENCE);
+        #[cfg(debug_assertions)]
+        {
+            let mut low = idx.predecessor(f.pln, f.pos).map_or(Bound::NegInf, |p| p.max);
+            for (i, (high, _, elems)) in new_entries.iter().enumerate() {
+                let built = LeafRef::with(offs[i], sizes[i], elems.len() as u64);
+                self.audit_rewritten(&built, &low, high, rewrite);
+                low = high.clone();
+            }
+        }
         // One atomic store swaps them in.
         let link = match idx.predecessor(f.pln, f.pos) {
             Some(p) => L::next_word(p.leaf.off),
@@ -313,6 +323,12 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
         let low = right[0].words[0];
         L::build_with_low(&*self.space, off, size, old_next, &right, low);
         self.space.fence(points::NV_NEWLEAF_FENCE);
+        #[cfg(debug_assertions)]
+        {
+            let sep = Bound::Key(left.last().expect("a non-empty left part").key().into());
+            let built = LeafRef::with(off, size, right.len() as u64);
+            self.audit_rewritten(&built, &sep, &f.high, Rewrite::SplitInPlace { at: left.len() });
+        }
         // Writers and readers that routed here with the old index route again.
         f.leaf.high.store(low, Ordering::Release);
         L::split_in_place(&*self.space, &f.leaf, off, &right);
@@ -337,6 +353,29 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
         }
         self.stats.splits.fetch_add(1, Ordering::Relaxed);
         Ok(size)
+    }
+
+    /// Test and debug builds: every invariant `check` audits holds for a
+    /// leaf a rewrite has just built (before it is linked in), its keys
+    /// above `low` and up to `high`. A violation panics here, at the
+    /// rewrite that caused it, instead of at a later `check`.
+    #[cfg(debug_assertions)]
+    fn audit_rewritten(&self, built: &LeafRef, low: &Bound, high: &Bound, rewrite: Rewrite) {
+        let s = &*self.space;
+        let in_bounds = |k: &[u8]| !low.covers(k) && high.covers(k);
+        let ctx = super::leaf::AuditCtx {
+            pool: header::pool_size(s),
+            committed: s.load(header::TXN_COMMIT_OFF),
+            last_ts: self.clock.last(),
+            in_bounds: &in_bounds,
+        };
+        let a = L::audit(s, built, &ctx);
+        assert!(
+            a.problems.is_empty(),
+            "{rewrite:?} built leaf {} breaking invariants: {:?}",
+            built.off,
+            a.problems
+        );
     }
 
     /// Size of a new leaf for `elems` and `extra` more: `target`, or

@@ -23,7 +23,7 @@ use std::time::Instant;
 use crate::alloc::Allocator;
 use crate::error::{Error, Result};
 use crate::format::leaf_nv::{self, Meta};
-use crate::format::{blob, header, saved};
+use crate::format::{header, saved};
 use crate::pmem::{points, Space, LINE};
 use crate::tree::index::{Bound, Entry};
 use crate::tree::leaf::{self, LeafFormat};
@@ -70,6 +70,7 @@ struct LeafScan {
 fn corrupt(path: &Path, what: String) -> Error {
     Error::Corrupt {
         path: path.into(),
+        off: None,
         what,
     }
 }
@@ -155,19 +156,7 @@ fn scan_leaf<S: Space, L: LeafFormat>(s: &S, off: u64, committed: u64, path: &Pa
 /// Checks a blob reference: inside the pool, lengths consistent with the
 /// element's metadata.
 pub fn validate_blob<S: Space>(s: &S, b: u64, meta: Meta, pool: u64) -> std::result::Result<(), String> {
-    if b == 0 || !b.is_multiple_of(LINE) || b > pool.saturating_sub(blob::DATA_OFF) {
-        return Err(format!("invalid blob reference {b}"));
-    }
-    let (kl, vl) = blob::lens(s.read_u64(b));
-    let want_k = meta.key_inline.is_none();
-    let want_v = meta.value_inline.is_none();
-    if want_k != (kl > 8) || (!want_k && kl != 0) || want_v != (vl > 8) || (!want_v && vl != 0) {
-        return Err(format!("blob {b} lengths ({kl}, {vl}) do not match the element"));
-    }
-    if b + blob::DATA_OFF + kl + vl > pool {
-        return Err(format!("blob {b} overruns the pool"));
-    }
-    Ok(())
+    crate::format::validate::blob_ok(s, b, meta, pool)
 }
 
 fn rebuild_from_leaves<S: Space, L: LeafFormat>(
@@ -253,7 +242,7 @@ fn rebuild_from_leaves<S: Space, L: LeafFormat>(
             let off = Tree::<S, L>::create_first_leaf(s, &alloc, node_size)?;
             entries.push(Entry {
                 max: Bound::PosInf,
-                leaf: Arc::new(LeafRef::with(off, node_size, 0)),
+                leaf: Arc::new(LeafRef::built(off, node_size, 0)),
             });
         } else {
             // Read-only view of a pool whose first leaf was never written.

@@ -15,6 +15,7 @@ use super::mvcc::Clock;
 use super::LeafRef;
 use crate::format::blob;
 use crate::format::leaf_nv::{self as nv, Layout, Meta};
+use crate::format::validate::Damage;
 use crate::pmem::{points, Space, LINE};
 
 /// One element as stored: its full key (loaded) and its raw words.
@@ -489,6 +490,10 @@ pub trait LeafFormat: Send + Sync + 'static {
 
     /// `check`: every invariant of one leaf the format owns.
     fn audit<S: Space>(s: &S, leaf: &LeafRef, ctx: &AuditCtx<'_>) -> Audit;
+
+    /// Checks the leaf at `off` read from media (`format::validate`):
+    /// its size and, for formats that have one, its persistent count.
+    fn validate<S: Space>(s: &S, off: u64, data_start: u64) -> std::result::Result<(u64, Option<u64>), Damage>;
 }
 
 /// Outcome of [`LeafFormat::upsert`].
@@ -1227,6 +1232,10 @@ impl LeafFormat for Nv {
             live: c.live,
             blobs,
         })
+    }
+
+    fn validate<S: Space>(s: &S, off: u64, data_start: u64) -> std::result::Result<(u64, Option<u64>), Damage> {
+        crate::format::validate::nv_leaf(s, off, data_start).map(|(size, count)| (size, Some(count)))
     }
 
     fn audit<S: Space>(s: &S, leaf: &LeafRef, ctx: &AuditCtx<'_>) -> Audit {

@@ -34,6 +34,7 @@ use parking_lot::Mutex;
 use crate::alloc::Allocator;
 use crate::error::{Error, Result};
 use crate::format::header;
+use crate::format::validate::Damage;
 use crate::pmem::{points, Space};
 use adaptive::{LeafCounters, LeafProfile, Profile, Strategy};
 use index::{Bound, Entry, Found, Index, Pln};
@@ -66,6 +67,10 @@ pub struct LeafRef {
     pub counters: LeafCounters,
     /// Lookup hints of an nv leaf (fingerprints), DRAM only.
     pub hints: std::sync::OnceLock<leaf::Hints>,
+    /// Whether the leaf passed [`LeafFormat::validate`] (`None`) or what
+    /// is damaged in it; set on first use of a leaf read from media, at
+    /// creation for a leaf this process built.
+    pub verdict: std::sync::OnceLock<Option<Damage>>,
 }
 
 impl LeafRef {
@@ -83,7 +88,15 @@ impl LeafRef {
             high: AtomicU64::new(u64::MAX),
             counters: LeafCounters::default(),
             hints: std::sync::OnceLock::new(),
+            verdict: std::sync::OnceLock::new(),
         }
+    }
+
+    /// A handle of a leaf this process has just built: sound by construction.
+    pub fn built(off: u64, size: u64, count: u64) -> LeafRef {
+        let l = LeafRef::with(off, size, count);
+        let _ = l.verdict.set(None);
+        l
     }
 }
 
@@ -123,6 +136,8 @@ pub struct Tree<S: Space, L: LeafFormat> {
     /// Workload-adaptive node sizing (NV-Tree §5): strategy, global
     /// counters and the cost model.
     pub adaptive: Profile,
+    /// Set once a damaged leaf was found: the tree refuses writes from then on.
+    pub damaged: AtomicBool,
     _leaf: PhantomData<L>,
 }
 
@@ -156,8 +171,76 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
             path,
             split_hook: Mutex::new(None),
             adaptive: Profile::new(leaves, L::SEARCH_LINE_SHARE),
+            damaged: AtomicBool::new(false),
             _leaf: PhantomData,
         }
+    }
+
+    /// Checks a leaf before its first use (once per leaf read from media;
+    /// see `format::validate`), so no read of it leaves the pool or its
+    /// own structures. A damaged leaf is reported as [`Error::Corrupt`]
+    /// with the offset every time it is reached, and the tree refuses
+    /// writes from then on.
+    #[inline]
+    pub fn sound(&self, leaf: &LeafRef) -> Result<()> {
+        let verdict = match leaf.verdict.get() {
+            Some(v) => v,
+            None => leaf.verdict.get_or_init(|| self.validate(leaf)),
+        };
+        match verdict {
+            None => Ok(()),
+            Some(d) => {
+                self.damaged.store(true, Ordering::Relaxed);
+                Err(Error::corrupt_at(&self.path, d.off, d.what.clone()))
+            }
+        }
+    }
+
+    #[cold]
+    fn validate(&self, leaf: &LeafRef) -> Option<Damage> {
+        if leaf.off == 0 && leaf.size == 0 {
+            return None; // read-only view of a pool without a first leaf
+        }
+        // As a reader of a format that changes words in place: again
+        // until no writer moved the leaf meanwhile.
+        loop {
+            let s1 = leaf.seq.load(Ordering::Acquire);
+            if s1 & 1 == 1 {
+                std::hint::spin_loop();
+                continue;
+            }
+            let r = L::validate(&*self.space, leaf.off, self.alloc.data_start());
+            std::sync::atomic::fence(Ordering::Acquire);
+            if leaf.seq.load(Ordering::Relaxed) != s1 {
+                continue;
+            }
+            let off = leaf.off;
+            return match r {
+                Err(d) => Some(d),
+                Ok((size, _)) if size != leaf.size => Some(Damage {
+                    off,
+                    what: format!("leaf {off} has size {size}, the index says {}", leaf.size),
+                }),
+                Ok((_, Some(count))) if leaf.durable.load(Ordering::Acquire) > count => Some(Damage {
+                    off,
+                    what: format!("leaf {off} count {count} is below the index's"),
+                }),
+                Ok(_) => None,
+            };
+        }
+    }
+
+    /// Refuses writes to a tree in which damage was found.
+    #[inline]
+    fn writable_tree(&self) -> Result<()> {
+        if self.damaged.load(Ordering::Relaxed) {
+            return Err(Error::Corrupt {
+                path: self.path.clone(),
+                off: None,
+                what: "the pool is damaged (see `nvstore check`); writes are refused, `nvstore salvage` copies what is readable".into(),
+            });
+        }
+        Ok(())
     }
 
     /// Writes the first, empty leaf of a new pool and links it from the header.
@@ -178,34 +261,38 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
     }
 
     /// Point lookup of the latest state.
-    pub fn get(&self, key: &[u8]) -> Option<Vec<u8>> {
+    pub fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
         self.get_at(key, u64::MAX)
     }
 
     /// Point lookup as of timestamp `at` (a pinned snapshot's).
-    pub fn get_at(&self, key: &[u8], at: u64) -> Option<Vec<u8>> {
+    pub fn get_at(&self, key: &[u8], at: u64) -> Result<Option<Vec<u8>>> {
         loop {
             let _g = epoch::pin();
             let idx = self.index.load();
             let f = idx.find(key);
+            self.sound(&f.leaf)?;
             self.adaptive.read(&f.leaf.counters);
             if let Some(v) = L::read(&*self.space, &f.leaf, key, at) {
-                return v;
+                return Ok(v);
             }
         }
     }
 
     /// Commit timestamp of `key`'s newest element (a delete's too).
-    pub fn newest_version(&self, key: &[u8]) -> Option<u64> {
+    pub fn newest_version(&self, key: &[u8]) -> Result<Option<u64>> {
         let _g = epoch::pin();
         let leaf = self.index.load().find_leaf(key);
+        self.sound(&leaf)?;
         let n = leaf.durable.load(Ordering::Acquire);
-        L::newest(&*self.space, &leaf, n, key, u64::MAX).map(|e| e.version)
+        Ok(L::newest(&*self.space, &leaf, n, key, u64::MAX).map(|e| e.version))
     }
 
     /// Inserts or updates. Durable when it returns.
     pub fn put(&self, key: &[u8], value: &[u8]) -> Result<()> {
         check_sizes(key, value)?;
+        self.writable_tree()?;
+        self.sound(&self.index.load().find_leaf(key))?;
         let blob = match leaf::blob_size(key, value) {
             Some(sz) => {
                 let off = self.alloc.alloc(&*self.space, sz)?;
@@ -251,6 +338,8 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
     /// Deletes; returns whether the key existed. Durable when it returns.
     pub fn delete(&self, key: &[u8]) -> Result<bool> {
         check_key(key)?;
+        self.writable_tree()?;
+        self.sound(&self.index.load().find_leaf(key))?;
         loop {
             let guard = epoch::pin();
             let leaf = self.index.load().find_leaf(key);
@@ -378,7 +467,10 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
             }
         }
         let merge_ok = right.as_ref().is_some_and(|(_, _, r)| {
-            (valid.len() as u64) < min_fill && L::count(&*self.space, r.leaf.off) < L::capacity(r.leaf.size) / 2
+            // A damaged sibling is left alone (and reported when reached).
+            self.sound(&r.leaf).is_ok()
+                && (valid.len() as u64) < min_fill
+                && L::count(&*self.space, r.leaf.off) < L::capacity(r.leaf.size) / 2
         });
         if merge_only && !merge_ok {
             return Ok(false);
@@ -491,7 +583,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
             .iter()
             .zip(offs.iter().zip(&sizes))
             .map(|((max, _, elems), (&off, &size))| {
-                let l = LeafRef::with(off, size, elems.len() as u64);
+                let l = LeafRef::built(off, size, elems.len() as u64);
                 l.counters.set(profile.share(parts));
                 Entry {
                     max: max.clone(),
@@ -568,7 +660,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
             },
             Entry {
                 max: f.high.clone(),
-                leaf: Arc::new(LeafRef::with(off, size, right.len() as u64)),
+                leaf: Arc::new(LeafRef::built(off, size, right.len() as u64)),
             },
         ];
         let pln = idx.plns[f.pln].load();
@@ -647,15 +739,16 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
     /// The live elements of one leaf within the range, in key order. Values
     /// that live in blobs are read now, while the epoch is pinned; inline
     /// keys and values are materialised only when the iterator yields them.
-    fn leaf_range(&self, f: &Found, lo: &KeyBound, hi: &KeyBound, at: u64) -> Vec<Pending> {
-        L::collate_leaf(&*self.space, &f.leaf, Keep::At(at), lo, hi)
+    fn leaf_range(&self, f: &Found, lo: &KeyBound, hi: &KeyBound, at: u64) -> Result<Vec<Pending>> {
+        self.sound(&f.leaf)?;
+        Ok(L::collate_leaf(&*self.space, &f.leaf, Keep::At(at), lo, hi)
             .valid
             .into_iter()
             .map(|e| {
                 let blob_value = e.value_in_blob().then(|| leaf::element_value(&*self.space, &e.words));
                 Pending { slot: e, blob_value }
             })
-            .collect()
+            .collect())
     }
 
     /// Iterator over `[lo, hi]` in key order (or reverse), reading one leaf at a time.
@@ -681,6 +774,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
             _pin: pin,
             buf: Vec::new(),
             done: false,
+            error: None,
         }
     }
 
@@ -780,6 +874,15 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
         }
         for (k, v) in writes {
             check_sizes(k, v.as_deref().unwrap_or_default())?;
+        }
+        self.writable_tree()?;
+        {
+            // Every leaf the commit reads or writes is sound (checked once).
+            let _guard = epoch::pin();
+            let idx = self.index.load();
+            for k in writes.keys().chain(watches.iter().map(|(k, _)| k)) {
+                self.sound(&idx.find_leaf(k))?;
+            }
         }
         // Blobs first, outside every lock.
         let mut blobs: Vec<u64> = Vec::with_capacity(writes.len());
@@ -956,6 +1059,17 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
     }
 
     /// Every leaf offset in chain order, with its element count.
+    /// Checks every leaf of the index (`format::validate`) without
+    /// collating any: the first damage found, as [`Tree::sound`] reports it.
+    pub fn validate_leaves(&self) -> Result<()> {
+        let _g = epoch::pin();
+        let idx = self.index.load();
+        for e in idx.entries().iter() {
+            self.sound(&e.leaf)?;
+        }
+        Ok(())
+    }
+
     pub fn leaf_offsets(&self) -> Vec<(u64, u64)> {
         self.index
             .load()
@@ -1094,6 +1208,8 @@ pub struct RangeIter<S: Space, L: LeafFormat> {
     /// Pending elements, in reverse of the order they are yielded.
     buf: Vec<Pending>,
     done: bool,
+    /// The damage that stopped the iterator, until [`RangeIter::checked`] hands it on.
+    error: Option<Error>,
 }
 
 impl<S: Space, L: LeafFormat> RangeIter<S, L> {
@@ -1119,7 +1235,14 @@ impl<S: Space, L: LeafFormat> RangeIter<S, L> {
                     RB::Excluded(k) => idx.find_gt(k),
                 }
             };
-            let mut pairs = self.tree.leaf_range(&f, &self.lo, &self.hi, self.at);
+            let mut pairs = match self.tree.leaf_range(&f, &self.lo, &self.hi, self.at) {
+                Ok(p) => p,
+                Err(e) => {
+                    self.error = Some(e);
+                    self.done = true;
+                    return;
+                }
+            };
             if self.reverse {
                 // buf pops from the end: keep ascending so the largest comes first.
                 self.buf = pairs;
@@ -1141,10 +1264,45 @@ impl<S: Space, L: LeafFormat> RangeIter<S, L> {
     }
 }
 
+impl<S: Space, L: LeafFormat> RangeIter<S, L> {
+    /// The damage that ended this iterator early, if any: as an
+    /// `Iterator` of pairs it stops at a damaged leaf (see
+    /// [`RangeIter::checked`] for one that yields the error).
+    pub fn error(&self) -> Option<&Error> {
+        self.error.as_ref()
+    }
+
+    /// The next pair, or the damage that stops the iteration (yielded
+    /// once; `None` after it).
+    pub fn next_checked(&mut self) -> Option<Result<(Vec<u8>, Vec<u8>)>> {
+        self.refill();
+        match self.buf.pop() {
+            Some(p) => Some(Ok(p.into_pair())),
+            None => self.error.take().map(Err),
+        }
+    }
+
+    /// This iterator as one of `Result`s: pairs, then at most one error.
+    pub fn checked(self) -> Checked<Self> {
+        Checked(self)
+    }
+}
+
 impl<S: Space, L: LeafFormat> Iterator for RangeIter<S, L> {
     type Item = (Vec<u8>, Vec<u8>);
     fn next(&mut self) -> Option<Self::Item> {
         self.refill();
         self.buf.pop().map(Pending::into_pair)
+    }
+}
+
+/// An iterator of `Result`s over a range: every pair, then the damage that
+/// stopped it (once), then nothing.
+pub struct Checked<I>(I);
+
+impl<S: Space, L: LeafFormat> Iterator for Checked<RangeIter<S, L>> {
+    type Item = Result<(Vec<u8>, Vec<u8>)>;
+    fn next(&mut self) -> Option<Self::Item> {
+        self.0.next_checked()
     }
 }

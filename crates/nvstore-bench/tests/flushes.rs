@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use nvstore::pmem::{Counters, SimSpace, ThreadCounters};
-use nvstore_bench::micro::{engine_in, EngineConfig};
+use nvstore_bench::registry::{engine_in, EngineConfig};
 use nvstore_bench::BenchIndex;
 
 fn engine(name: &str, node_size: u64) -> Box<dyn BenchIndex> {

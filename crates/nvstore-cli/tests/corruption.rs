@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use nvstore::{Db, LeafFormat, Options};
+use nvstore::{Db, LeafKind, Options};
 use rand::{Rng, SeedableRng};
 
 /// Longest any one command may take on a damaged 2 MiB pool.
@@ -55,13 +55,13 @@ fn value(i: u64) -> Vec<u8> {
 /// some updated and deleted, written with transactions when `txn`.
 /// Returns the image after a clean close and the image of the same pool
 /// while still open (what a crash leaves: recovery rebuilds from leaves).
-fn populate(dir: &Path, name: &str, leaf: LeafFormat, txn: bool, keys: u64) -> (Vec<u8>, Vec<u8>) {
+fn populate(dir: &Path, name: &str, leaf: LeafKind, txn: bool, keys: u64) -> (Vec<u8>, Vec<u8>) {
     let path = dir.join(name);
     let opts = Options {
         create: true,
         size: 2 << 20,
         leaf,
-        node_size: if leaf == LeafFormat::Isle { 640 } else { 512 },
+        node_size: if leaf == LeafKind::Isle { 640 } else { 512 },
         ..Options::default()
     };
     let db = Db::open(&path, opts).expect("create pool");
@@ -221,9 +221,9 @@ fn damaged_pools_never_crash_a_command() {
     let base = tmpdir();
     let mut images = Vec::new();
     for (name, leaf, txn) in [
-        ("nv", LeafFormat::Nv, false),
-        ("isle", LeafFormat::Isle, false),
-        ("txn", LeafFormat::Nv, true),
+        ("nv", LeafKind::Nv, false),
+        ("isle", LeafKind::Isle, false),
+        ("txn", LeafKind::Nv, true),
     ] {
         let (clean, crashed) = populate(base.path(), name, leaf, txn, 3000);
         images.push((format!("{name} (clean)"), clean));

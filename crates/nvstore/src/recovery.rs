@@ -22,11 +22,11 @@ use std::time::Instant;
 
 use crate::alloc::Allocator;
 use crate::error::{Error, Result};
-use crate::format::leaf_nv::{self, Meta};
+use crate::format::leaf_nv;
 use crate::format::{header, saved};
 use crate::pmem::{points, Space, LINE};
 use crate::tree::index::{Bound, Entry};
-use crate::tree::leaf::{self, LeafFormat};
+use crate::tree::leaf::LeafFormat;
 use crate::tree::{LeafRef, Tree};
 
 /// The header's clean word holds the saved state's offset in its low 48 bits
@@ -151,12 +151,6 @@ fn scan_leaf<S: Space, L: LeafFormat>(s: &S, off: u64, committed: u64, path: &Pa
         valid: sc.live,
         blobs: sc.blobs,
     })
-}
-
-/// Checks a blob reference: inside the pool, lengths consistent with the
-/// element's metadata.
-pub fn validate_blob<S: Space>(s: &S, b: u64, meta: Meta, pool: u64) -> std::result::Result<(), String> {
-    crate::format::validate::blob_ok(s, b, meta, pool)
 }
 
 fn rebuild_from_leaves<S: Space, L: LeafFormat>(
@@ -404,16 +398,5 @@ pub fn save_clean<S: Space, L: LeafFormat>(tree: &Tree<S, L>) -> Result<()> {
         header::set_root(s, header::LAST_TS_OFF, tree.clock.last());
         header::set_root(s, header::CLEAN_STATE_OFF, block | (tag << CLEAN_TAG_SHIFT));
         return s.sync();
-    }
-}
-
-/// Leaf element keys with blob validation, for `check`.
-pub fn leaf_blob_ok<S: Space>(s: &S, words: &[u64; 4], pool: u64) -> std::result::Result<(), String> {
-    let meta = Meta::decode(words[3]).ok_or("invalid metadata")?;
-    if meta.needs_blob() {
-        validate_blob(s, words[1], meta, pool)
-    } else {
-        let _ = leaf::element_key(s, words);
-        Ok(())
     }
 }

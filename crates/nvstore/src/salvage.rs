@@ -25,7 +25,7 @@ use std::path::Path;
 
 use crate::error::Result;
 use crate::format::chunk::{ChunkHeader, FIRST_BLOCK};
-use crate::format::header::{self, Header, LeafFormat};
+use crate::format::header::{self, Header, LeafKind};
 use crate::format::leaf_isle::{self as il, Kind};
 use crate::format::leaf_nv::{self as nv, Layout, Meta};
 use crate::format::{blob, validate};
@@ -58,7 +58,7 @@ pub type Records = Vec<(Vec<u8>, Vec<u8>)>;
 /// What [`read`] found: the pool's leaf format and node size, its records
 /// and the report.
 pub struct Salvaged {
-    pub leaf: LeafFormat,
+    pub leaf: LeafKind,
     pub node_size: u32,
     pub records: Records,
     pub report: SalvageReport,
@@ -113,8 +113,8 @@ pub fn read_space<S: Space>(s: &S, h: &Header) -> (Records, SalvageReport) {
     let mut seen = HashSet::new();
     let mut at = s.load(header::LEAF_HEAD_OFF);
     let next_off = |s: &S, leaf: u64| match h.leaf_format {
-        LeafFormat::Nv => s.load(leaf + nv::NEXT_OFF),
-        LeafFormat::Isle => s.load(leaf + il::NEXT_OFF) & !il::STALE,
+        LeafKind::Nv => s.load(leaf + nv::NEXT_OFF),
+        LeafKind::Isle => s.load(leaf + il::NEXT_OFF) & !il::STALE,
     };
     rep.chain_whole = true;
     while at != 0 {
@@ -144,8 +144,8 @@ pub fn read_space<S: Space>(s: &S, h: &Header) -> (Records, SalvageReport) {
                 continue;
             }
             let ok = match h.leaf_format {
-                LeafFormat::Nv => validate::nv_leaf(s, off, h.data_start).is_ok(),
-                LeafFormat::Isle => validate::isle_leaf(s, off, h.data_start).is_ok(),
+                LeafKind::Nv => validate::nv_leaf(s, off, h.data_start).is_ok(),
+                LeafKind::Isle => validate::isle_leaf(s, off, h.data_start).is_ok(),
             };
             if !ok {
                 continue;
@@ -211,8 +211,8 @@ fn read_leaf<S: Space>(
     rep: &mut SalvageReport,
 ) {
     match h.leaf_format {
-        LeafFormat::Nv => read_nv(s, h, off, pool, committed, off_chain, claims, order, rep),
-        LeafFormat::Isle => read_isle(s, h, off, pool, off_chain, claims, order, rep),
+        LeafKind::Nv => read_nv(s, h, off, pool, committed, off_chain, claims, order, rep),
+        LeafKind::Isle => read_isle(s, h, off, pool, off_chain, claims, order, rep),
     }
 }
 
@@ -391,10 +391,10 @@ mod tests {
     use crate::pmem::SimSpace;
     use crate::{Db, Options};
 
-    fn pool(leaf: LeafFormat) -> (std::sync::Arc<SimSpace>, Records) {
+    fn pool(leaf: LeafKind) -> (std::sync::Arc<SimSpace>, Records) {
         let opts = Options {
             leaf,
-            node_size: if leaf == LeafFormat::Isle { 640 } else { 512 },
+            node_size: if leaf == LeafKind::Isle { 640 } else { 512 },
             ..Options::default()
         };
         let db = Db::create_in(SimSpace::new(1 << 20), Path::new("t.nvs"), &opts).unwrap();
@@ -421,7 +421,7 @@ mod tests {
 
     #[test]
     fn an_undamaged_pool_salvages_whole() {
-        for leaf in [LeafFormat::Nv, LeafFormat::Isle] {
+        for leaf in [LeafKind::Nv, LeafKind::Isle] {
             let (s, want) = pool(leaf);
             let h = Header::read(&*s, Path::new("t.nvs")).unwrap();
             let (got, rep) = read_space(&*s, &h);
@@ -432,7 +432,7 @@ mod tests {
 
     #[test]
     fn a_broken_chain_is_bridged_by_the_chunk_headers() {
-        let (s, want) = pool(LeafFormat::Nv);
+        let (s, want) = pool(LeafKind::Nv);
         let h = Header::read(&*s, Path::new("t.nvs")).unwrap();
         let first = s.load(header::LEAF_HEAD_OFF);
         s.store(first + nv::NEXT_OFF, 12345);
@@ -450,7 +450,7 @@ mod tests {
 
     #[test]
     fn a_damaged_element_is_skipped_alone() {
-        let (s, want) = pool(LeafFormat::Nv);
+        let (s, want) = pool(LeafKind::Nv);
         let h = Header::read(&*s, Path::new("t.nvs")).unwrap();
         let first = s.load(header::LEAF_HEAD_OFF);
         let layout = Layout::read(&*s, first);
@@ -465,7 +465,7 @@ mod tests {
 
     #[test]
     fn a_cycle_in_the_chain_ends_the_walk() {
-        let (s, _) = pool(LeafFormat::Isle);
+        let (s, _) = pool(LeafKind::Isle);
         let h = Header::read(&*s, Path::new("t.nvs")).unwrap();
         let first = s.load(header::LEAF_HEAD_OFF);
         let second = s.load(first + il::NEXT_OFF) & !il::STALE;

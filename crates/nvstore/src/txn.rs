@@ -25,7 +25,7 @@ use std::sync::Arc;
 use crate::db::{owned, prefix_bounds, Db};
 use crate::error::{Error, Result};
 use crate::pmem::Space;
-use crate::tree::leaf::Nv;
+use crate::tree::nv::Nv;
 use crate::tree::{check_key, in_range, RangeIter, SnapshotPin};
 
 /// A stable read view of the store.

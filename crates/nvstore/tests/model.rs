@@ -94,7 +94,7 @@ fn run(ops: Vec<Op>) {
     let mut m = BTreeMap::new();
     // Open snapshots: (operations left, model at the snapshot, its contents
     // read when taken); checked again when the countdown ends.
-    type Pin = std::sync::Arc<nvstore::tree::SnapshotPin<SimSpace, nvstore::tree::leaf::Nv>>;
+    type Pin = std::sync::Arc<nvstore::tree::SnapshotPin<SimSpace, nvstore::tree::nv::Nv>>;
     type Open = (usize, BTreeMap<Vec<u8>, Vec<u8>>, Pin);
     let mut snaps: Vec<Open> = Vec::new();
     for op in ops {

@@ -3,6 +3,7 @@
 
 pub mod blob;
 pub mod chunk;
+pub mod element;
 pub mod header;
 pub mod leaf_isle;
 pub mod leaf_nv;

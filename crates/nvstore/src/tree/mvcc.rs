@@ -13,7 +13,7 @@
 //!
 //! Live snapshots are counted per timestamp. Rewriting a leaf (split,
 //! replace, merge) keeps every version the oldest live snapshot can see and
-//! drops the rest ([`crate::tree::leaf::Keep::Since`]). The registry lock
+//! drops the rest ([`crate::tree::collate::Keep::Since`]). The registry lock
 //! orders snapshot creation against the rewrite reading the oldest one: a
 //! snapshot taken after that read has a timestamp no lower than it.
 

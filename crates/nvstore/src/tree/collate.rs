@@ -1,0 +1,386 @@
+//! Collation: a leaf's elements reduced to the versions a reader or a
+//! rewrite (split, replace, merge) keeps, in key order.
+
+use std::ops::Bound as RB;
+
+use super::leaf::Slot;
+use rustc_hash::FxHashSet;
+
+use crate::format::element::element_key;
+use crate::format::leaf_nv::{self as nv, Layout, Meta};
+use crate::pmem::Space;
+
+/// Which versions [`collate`] keeps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Keep {
+    /// Per key, the newest element with `version <= ts`, if positive: what a
+    /// reader at `ts` sees (`u64::MAX`: the latest state).
+    At(u64),
+    /// Per key, every element a snapshot at `oldest` or later can need: the
+    /// newest with `version <= oldest` and all newer ones, without leading
+    /// NEGATIVE elements and without the NEGATIVE half of an update (what a
+    /// split, replace or merge writes into the new leaves).
+    Since(u64),
+}
+
+/// A leaf's elements collated: the elements kept, in key order (a key's
+/// versions oldest first), and what is left behind.
+pub struct Collated {
+    pub valid: Vec<Slot>,
+    /// Keys whose newest element is positive (the leaf's live keys).
+    pub live: u64,
+    /// Blobs referenced only by elements that are not kept.
+    pub dropped_blobs: Vec<u64>,
+    /// Largest key among all elements (negative ones too), for recovery bounds.
+    pub max_key: Option<Vec<u8>>,
+    /// Largest version among all elements.
+    pub max_version: u64,
+}
+
+/// Reads elements `0..n` of a leaf and collates them: one stable sort by key
+/// (equal keys stay in append order, which is version order), then each run
+/// of equal keys is reduced as `keep` says.
+pub fn collate<S: Space>(s: &S, leaf: u64, n: u64, keep: Keep) -> Collated {
+    collate_in(s, leaf, n, keep, &RB::Unbounded, &RB::Unbounded)
+}
+
+/// [`collate`] restricted to keys in `[lo, hi]`: elements outside are
+/// skipped before they are sorted, mostly on their key word alone (a narrow
+/// scan, such as a prefix, sorts only what it returns). `max_key` and `live`
+/// then describe the keys in range only.
+pub fn collate_in<S: Space>(s: &S, leaf: u64, n: u64, keep: Keep, lo: &RB<Vec<u8>>, hi: &RB<Vec<u8>>) -> Collated {
+    // Key-word bounds: a key whose word is below `lo`'s word is below `lo`
+    // (words order keys by their first 8 bytes), likewise above `hi`.
+    let lo_word = match lo {
+        RB::Included(k) | RB::Excluded(k) => nv::key_word(k),
+        RB::Unbounded => 0,
+    };
+    let hi_word = match hi {
+        RB::Included(k) | RB::Excluded(k) => nv::key_word(k),
+        RB::Unbounded => u64::MAX,
+    };
+    let bounded = !matches!((lo, hi), (RB::Unbounded, RB::Unbounded));
+    // Most of a hot leaf's elements are left out below: a buffer for all
+    // of them would be a large allocation per rewrite for nothing.
+    let mut all: Vec<Slot> = Vec::with_capacity((n as usize).min(256));
+    let layout = Layout::read(s, leaf);
+    // Per key, every element older than the newest one at or below `bar`
+    // is read by no snapshot `keep` serves: it is left out before the sort
+    // (a hot leaf holds hundreds of versions of a few keys). Elements with
+    // a blob stay, so the blobs of the ones dropped are found below; long
+    // keys stay too (their identity needs the key bytes).
+    let bar = match keep {
+        Keep::At(ts) | Keep::Since(ts) => ts,
+    };
+    let mut settled: FxHashSet<(u64, u8)> = FxHashSet::with_capacity_and_hasher(64, Default::default());
+    for i in (0..n).rev() {
+        if bounded {
+            let kw = layout.key_word(s, i);
+            if kw < lo_word || kw > hi_word {
+                continue;
+            }
+        }
+        let words = layout.words(s, i);
+        let long_key = match Meta::decode(words[3])
+            .expect("published element has valid meta")
+            .key_inline
+        {
+            Some(len) => {
+                let key = (words[0], len);
+                if words[1] == 0 && settled.contains(&key) {
+                    continue;
+                }
+                if words[3] & nv::VERSION_MASK <= bar {
+                    settled.insert(key);
+                }
+                None
+            }
+            None => Some(element_key(s, &words).into_boxed_slice()),
+        };
+        let slot = Slot {
+            words,
+            long_key,
+            settled: false,
+        };
+        if bounded && !slot.in_range(lo, hi) {
+            continue;
+        }
+        all.push(slot);
+    }
+    all.reverse(); // append order
+    let all = key_order(all);
+    let max_key = all.last().map(|x| x.key());
+    let max_version = all.iter().map(|x| x.version()).max().unwrap_or(0);
+    let mut valid = Vec::with_capacity(all.len());
+    let mut live = 0;
+    let mut i = 0;
+    while i < all.len() {
+        let mut j = i + 1;
+        while j < all.len() && all[j].key_cmp(&all[i]).is_eq() {
+            j += 1;
+        }
+        let run = &all[i..j];
+        if !run[run.len() - 1].negative() {
+            live += 1;
+        }
+        match keep {
+            Keep::At(ts) => {
+                if let Some(e) = run.iter().rev().find(|e| e.version() <= ts) {
+                    if !e.negative() {
+                        valid.push(e.clone());
+                    }
+                }
+            }
+            Keep::Since(oldest) => {
+                let from = run.iter().rposition(|e| e.version() <= oldest).unwrap_or(0);
+                let mut kept = run[from..].iter().enumerate().filter(|(k, e)| {
+                    // The NEGATIVE half of an update says nothing its
+                    // positive twin (same version, next) does not.
+                    !(e.negative() && run[from..].get(k + 1).is_some_and(|n| n.version() == e.version()))
+                });
+                let mut started = false;
+                for (k, e) in kept.by_ref() {
+                    if !started && e.negative() {
+                        continue; // absent is what no element says too
+                    }
+                    started = true;
+                    let mut e = e.clone();
+                    // Committed: the flag has done its work.
+                    e.words[3] &= !nv::TXN;
+                    // Only the newest element at or below `oldest` is read by
+                    // every snapshot; the ones after it are newer.
+                    e.settled = k == 0 && e.version() <= oldest;
+                    valid.push(e);
+                }
+            }
+        }
+        i = j;
+    }
+    // A rewrite drops the blobs no kept element refers to.
+    let mut dropped = Vec::new();
+    if matches!(keep, Keep::Since(_)) && all.iter().any(|e| e.blob() != 0) {
+        let kept: std::collections::HashSet<u64> = valid.iter().map(|e| e.blob()).filter(|&b| b != 0).collect();
+        dropped = all
+            .iter()
+            .map(|e| e.blob())
+            .filter(|&b| b != 0 && !kept.contains(&b))
+            .collect();
+        dropped.sort_unstable();
+        dropped.dedup();
+    }
+    Collated {
+        valid,
+        live,
+        dropped_blobs: dropped,
+        max_key,
+        max_version,
+    }
+}
+
+/// `slots` (in append order) stably sorted by key: equal keys stay in
+/// append order, which is version order.
+///
+/// A rewrite collates a whole leaf, and an enlarged leaf holds hundreds of
+/// versions of a few keys, so this is the rewrite's main cost. Positions
+/// are sorted as plain integers (key word, then position) and the slots are
+/// moved once; only a run of one key word that holds several keys (inline
+/// keys of different lengths, long keys sharing their first 8 bytes) needs
+/// [`Slot::key_cmp`], and a stable sort of that run alone (it is in append
+/// order) gives what one stable sort by `key_cmp` gives.
+fn key_order(mut slots: Vec<Slot>) -> Vec<Slot> {
+    let mut order: Vec<u128> = slots
+        .iter()
+        .enumerate()
+        .map(|(p, e)| (e.words[0] as u128) << 64 | p as u128)
+        .collect();
+    order.sort_unstable();
+    let mut sorted: Vec<Slot> = order
+        .iter()
+        .map(|&o| {
+            let hole = Slot {
+                words: [0; 4],
+                long_key: None,
+                settled: false,
+            };
+            std::mem::replace(&mut slots[o as u64 as usize], hole)
+        })
+        .collect();
+    let mut i = 0;
+    while i < sorted.len() {
+        let w = sorted[i].words[0];
+        let mut j = i + 1;
+        while j < sorted.len() && sorted[j].words[0] == w {
+            j += 1;
+        }
+        let run = &mut sorted[i..j];
+        if run.len() > 1 && run.iter().any(|e| e.key_cmp(&run[0]).is_ne()) {
+            run.sort_by(|a, b| a.key_cmp(b));
+        }
+        i = j;
+    }
+    sorted
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::format::element::{blob_size, encode, negate, write_blob};
+    use crate::tree::leaf::LeafFormat;
+    use crate::tree::nv::Nv;
+    use std::collections::HashMap;
+
+    /// Elements of a leaf, in append order (key and words), and the blobs
+    /// they name (offset, key, value).
+    pub(crate) type Blobs = Vec<(u64, Vec<u8>, Vec<u8>)>;
+    pub(crate) type Elements = Vec<(Vec<u8>, [u64; 4])>;
+    pub(crate) fn history(seed: u64, steps: usize) -> (Elements, Blobs) {
+        history_of(&shared_word_keys(), seed, steps, 1)
+    }
+
+    /// Keys that share key words: inline keys that are prefixes of each
+    /// other, and long keys with the same first 8 bytes.
+    pub(crate) fn shared_word_keys() -> Vec<Vec<u8>> {
+        [
+            &b"a"[..],
+            b"a\0",
+            b"ab",
+            b"abcdefgh",
+            b"abcdefgh1",
+            b"abcdefgh22",
+            b"zz",
+            b"m",
+        ]
+        .iter()
+        .map(|k| k.to_vec())
+        .collect()
+    }
+
+    /// Random writes and deletes of `keys` at versions from `first_ts`, as
+    /// the elements they append, in order.
+    pub(crate) fn history_of(keys: &[Vec<u8>], seed: u64, steps: usize, first_ts: u64) -> (Elements, Blobs) {
+        let mut x = seed | 1;
+        let mut rnd = move |m: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % m
+        };
+        let mut newest: HashMap<Vec<u8>, [u64; 4]> = HashMap::new();
+        let mut out = Vec::new();
+        let mut blobs = Vec::new();
+        let mut blob = (1 << 16) + (first_ts - 1) * 256;
+        for ts in first_ts..first_ts + steps as u64 {
+            let k = keys[rnd(keys.len() as u64) as usize].clone();
+            let old = newest.get(&k).copied();
+            if rnd(4) == 0 {
+                if let Some(o) = old {
+                    let neg = negate(o, ts, false);
+                    out.push((k.clone(), neg));
+                    newest.remove(&k);
+                }
+                continue;
+            }
+            let v: Vec<u8> = if rnd(3) == 0 { vec![7; 12] } else { vec![ts as u8; 8] };
+            let b = match blob_size(&k, &v) {
+                Some(sz) => {
+                    blob += sz.next_multiple_of(64);
+                    blobs.push((blob, k.clone(), v.clone()));
+                    blob
+                }
+                None => 0,
+            };
+            let new = encode(&k, &v, b, ts, false);
+            if let Some(o) = old {
+                out.push((k.clone(), negate(o, ts, false)));
+            }
+            out.push((k.clone(), new));
+            newest.insert(k, new);
+        }
+        (out, blobs)
+    }
+
+    /// Elements as slots to build a leaf from, none settled.
+    pub(crate) fn unsettled(elems: &Elements) -> Vec<Slot> {
+        elems
+            .iter()
+            .map(|(_, w)| Slot {
+                words: *w,
+                long_key: None,
+                settled: false,
+            })
+            .collect()
+    }
+
+    /// What `collate` keeps, computed key by key from the append order.
+    fn expected(elems: &[(Vec<u8>, [u64; 4])], keep: Keep) -> Vec<([u64; 4], bool)> {
+        let mut by_key: std::collections::BTreeMap<Vec<u8>, Vec<[u64; 4]>> = Default::default();
+        for (k, w) in elems {
+            by_key.entry(k.clone()).or_default().push(*w);
+        }
+        let version = |w: &[u64; 4]| w[3] & nv::VERSION_MASK;
+        let negative = |w: &[u64; 4]| w[3] & nv::NEGATIVE != 0;
+        let mut out = Vec::new();
+        for run in by_key.values() {
+            match keep {
+                Keep::At(ts) => {
+                    if let Some(w) = run.iter().rev().find(|w| version(w) <= ts) {
+                        if !negative(w) {
+                            out.push((*w, false));
+                        }
+                    }
+                }
+                Keep::Since(oldest) => {
+                    let from = run.iter().rposition(|w| version(w) <= oldest).unwrap_or(0);
+                    let tail = &run[from..];
+                    let mut started = false;
+                    for (k, w) in tail.iter().enumerate() {
+                        let update_half = negative(w) && tail.get(k + 1).is_some_and(|n| version(n) == version(w));
+                        if update_half || (!started && negative(w)) {
+                            continue;
+                        }
+                        started = true;
+                        out.push((*w, k == 0 && version(w) <= oldest));
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn collate_keeps_what_each_key_history_says() {
+        let s = crate::pmem::sim::SimSpace::new(1 << 20);
+        for seed in 1..40u64 {
+            let (elems, blobs) = history(seed, 200);
+            for (off, k, v) in &blobs {
+                write_blob(&s, *off, k, v);
+            }
+            let slots = unsettled(&elems);
+            let (leaf, size) = (4096, 32768);
+            Nv::build(&s, leaf, size, 0, &slots);
+            let top = elems.len() as u64;
+            for bar in [0, 1, top / 3, top / 2, top, u64::MAX] {
+                for keep in [Keep::At(bar), Keep::Since(bar)] {
+                    let c = collate(&s, leaf, elems.len() as u64, keep);
+                    let got: Vec<([u64; 4], bool)> = c.valid.iter().map(|e| (e.words, e.settled)).collect();
+                    let want = expected(&elems, keep);
+                    assert_eq!(got, want, "seed {seed} keep {keep:?}");
+                    assert_eq!(c.max_key, elems.iter().map(|(k, _)| k.clone()).max());
+                    let live = expected(&elems, Keep::At(u64::MAX)).len() as u64;
+                    assert_eq!(c.live, live, "seed {seed}");
+                    if let Keep::Since(_) = keep {
+                        let kept: std::collections::HashSet<u64> = c.valid.iter().map(|e| e.blob()).collect();
+                        let mut dropped: Vec<u64> = elems
+                            .iter()
+                            .map(|(_, w)| w[1])
+                            .filter(|&b| b != 0 && !kept.contains(&b))
+                            .collect();
+                        dropped.sort_unstable();
+                        dropped.dedup();
+                        assert_eq!(c.dropped_blobs, dropped, "seed {seed} keep {keep:?}");
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,341 @@
+//! DRAM lookup hints of an nv leaf: one fingerprint byte per element and,
+//! for large leaves, a key table (never persisted).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::LeafRef;
+use crate::format::leaf_nv::{self as nv, Layout};
+use crate::pmem::Space;
+
+/// DRAM hints of an nv leaf: its layout words and one fingerprint byte per
+/// element slot, so a lookup reads from the leaf only the elements whose
+/// fingerprint matches its key (an unsorted leaf is otherwise scanned
+/// whole, and the lines its appends flushed are usually out of the cache).
+/// Never persisted: built from the leaf on first use (published elements
+/// never change), and extended by appends before they publish, so a
+/// reader that sees an element sees its fingerprint. A slot whose
+/// fingerprint is unknown (0: appended by a writer that ran while a reader
+/// was building the hints) is read like any other.
+pub struct Hints {
+    pub(super) compact: u64,
+    pub(super) compact_version: u64,
+    /// Eight fingerprints per word (element `i` in byte `i % 8` of word
+    /// `i / 8`), so a lookup tests eight elements at once.
+    pub(super) fp: Box<[std::sync::atomic::AtomicU64]>,
+    /// Leaves of more than [`KeyTable::MIN_CAPACITY`] elements (enlarged
+    /// ones, mostly) also map each key word to its newest element, so a
+    /// lookup there reads one table slot and one element instead of
+    /// scanning fingerprints back to the key's last write.
+    pub(super) table: Option<KeyTable>,
+}
+
+/// Key word → index of the newest element with that key word, for one
+/// leaf: open addressing with linear probing over one `u32` per slot (a
+/// 16-bit tag of the key word's hash and the index plus one; 0 is empty),
+/// at least two slots per element so probes stay short. Entries are only
+/// added or moved to newer elements, by the leaf's one writer before its
+/// count publishes them; readers probe without locks. Every answer is
+/// checked against the element it names, and anything the table cannot
+/// decide (a shared key word, a tag collision, a version newer than the
+/// reader's snapshot, an element not yet published) falls back to the
+/// fingerprint scan, so the table only ever makes a lookup shorter.
+pub(super) struct KeyTable {
+    slots: Box<[std::sync::atomic::AtomicU32]>,
+    mask: usize,
+    /// Elements `0..noted` have all been noted, in order.
+    noted: AtomicU64,
+    /// An element was noted out of order: the table may miss elements
+    /// and is no longer used.
+    gap: std::sync::atomic::AtomicBool,
+}
+
+impl KeyTable {
+    /// Leaves holding at most this many elements scan their fingerprints
+    /// (at most sixteen words, two lines) and keep no table.
+    const MIN_CAPACITY: u64 = 128;
+
+    pub(super) fn new(capacity: u64) -> Option<KeyTable> {
+        // Indices and the empty mark share 16 bits.
+        if capacity <= Self::MIN_CAPACITY || capacity >= u16::MAX as u64 {
+            return None;
+        }
+        let len = (2 * capacity).next_power_of_two() as usize;
+        Some(KeyTable {
+            slots: (0..len).map(|_| Default::default()).collect(),
+            mask: len - 1,
+            noted: AtomicU64::new(0),
+            gap: Default::default(),
+        })
+    }
+
+    /// The home slot and tag of key word `kw`.
+    #[inline]
+    fn place(&self, kw: u64) -> (usize, u32) {
+        // A full 64-bit mix (murmur3's finaliser): key words of
+        // sequential keys differ only in their low bytes.
+        let mut h = kw;
+        h ^= h >> 33;
+        h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+        h ^= h >> 33;
+        h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+        h ^= h >> 33;
+        ((h >> 32) as usize & self.mask, (h as u32) & 0xffff)
+    }
+
+    /// The index the slot of `kw`'s tag names, if any.
+    #[inline]
+    pub(super) fn find(&self, kw: u64) -> Option<u64> {
+        let (mut p, tag) = self.place(kw);
+        loop {
+            let e = self.slots[p].load(Ordering::Relaxed);
+            if e == 0 {
+                return None;
+            }
+            if e >> 16 == tag {
+                return Some((e & 0xffff) as u64 - 1);
+            }
+            p = (p + 1) & self.mask;
+        }
+    }
+
+    /// Element `i` has key word `kw` (the writer, before publishing it).
+    #[inline]
+    pub(super) fn note(&self, i: u64, kw: u64) {
+        let (mut p, tag) = self.place(kw);
+        loop {
+            let e = self.slots[p].load(Ordering::Relaxed);
+            if e == 0 || e >> 16 == tag {
+                self.slots[p].store(tag << 16 | (i + 1) as u32, Ordering::Relaxed);
+                break;
+            }
+            p = (p + 1) & self.mask;
+        }
+        let noted = self.noted.load(Ordering::Relaxed);
+        if i == noted {
+            self.noted.store(i + 1, Ordering::Relaxed);
+        } else if i > noted {
+            self.gap.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// The table has noted every element below `n` (which the caller read
+    /// from the leaf's published count, so the notes are visible).
+    #[inline]
+    pub(super) fn covers(&self, n: u64) -> bool {
+        n <= self.noted.load(Ordering::Relaxed) && !self.gap.load(Ordering::Relaxed)
+    }
+}
+
+const ONES: u64 = 0x0101_0101_0101_0101;
+const LOW7: u64 = 0x7f7f_7f7f_7f7f_7f7f;
+
+/// The high bit of each zero byte of `v`.
+#[inline]
+fn zero_bytes(v: u64) -> u64 {
+    !(((v & LOW7).wrapping_add(LOW7)) | v | LOW7)
+}
+
+impl Hints {
+    pub(super) fn layout(&self, leaf: u64) -> Layout {
+        Layout {
+            leaf,
+            compact: self.compact,
+            compact_version: self.compact_version,
+        }
+    }
+
+    /// The elements in `lo..hi` that may hold a key with fingerprint `fk`
+    /// (it matches or is unknown), highest first, until `f` says stop.
+    #[inline]
+    pub(super) fn candidates(&self, lo: u64, hi: u64, fk: u8, mut f: impl FnMut(u64) -> bool) {
+        if lo >= hi {
+            return;
+        }
+        let pat = fk as u64 * ONES;
+        let mut wi = (hi - 1) / 8;
+        loop {
+            let w = self.fp[wi as usize].load(Ordering::Relaxed);
+            let base = wi * 8;
+            let mut m = zero_bytes(w ^ pat) | zero_bytes(w);
+            if hi - base < 8 {
+                m &= (1u64 << ((hi - base) * 8)) - 1;
+            }
+            if lo > base {
+                m &= !((1u64 << ((lo - base) * 8)) - 1);
+            }
+            while m != 0 {
+                let bit = 63 - m.leading_zeros() as u64;
+                if f(base + bit / 8) {
+                    return;
+                }
+                m ^= 1 << bit;
+            }
+            if wi == lo / 8 {
+                return;
+            }
+            wi -= 1;
+        }
+    }
+
+    /// Element `i` has key word `kw`: the caller is the one writer of the
+    /// leaf (or builds the hints), before the count publishes element `i`.
+    #[inline]
+    pub(super) fn note(&self, i: u64, kw: u64) {
+        let word = &self.fp[(i / 8) as usize];
+        let shift = (i % 8) * 8;
+        let w = word.load(Ordering::Relaxed) & !(0xff << shift);
+        word.store(w | (fingerprint(kw) as u64) << shift, Ordering::Relaxed);
+        if let Some(t) = &self.table {
+            t.note(i, kw);
+        }
+    }
+}
+
+/// A key word's fingerprint: 1..=255 (0 means unknown).
+#[inline]
+pub(super) fn fingerprint(kw: u64) -> u8 {
+    ((kw.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 56) % 255 + 1) as u8
+}
+
+/// The leaf's hints, built on first use.
+pub(super) fn hints<'a, S: Space>(s: &S, leaf: &'a LeafRef) -> &'a Hints {
+    leaf.hints.get_or_init(|| {
+        let layout = Layout::read(s, leaf.off);
+        let cap = nv::capacity(s.read_u64(leaf.off + nv::SIZE_OFF)).max(leaf.durable.load(Ordering::Relaxed));
+        let fp: Box<[std::sync::atomic::AtomicU64]> = (0..cap.div_ceil(8)).map(|_| Default::default()).collect();
+        let h = Hints {
+            compact: layout.compact,
+            compact_version: layout.compact_version,
+            fp,
+            table: KeyTable::new(cap),
+        };
+        // Elements published now; any appended later note their own (or,
+        // if their writer missed these hints, stay unknown).
+        let n = leaf.durable.load(Ordering::Acquire);
+        for i in 0..n {
+            h.note(i, layout.key_word(s, i));
+        }
+        h
+    })
+}
+
+/// The leaf's layout from its hints: reading elements through it reads no
+/// header line (which the last append flushed out of the cache).
+pub(super) fn cached_layout<S: Space>(s: &S, leaf: &LeafRef) -> Layout {
+    hints(s, leaf).layout(leaf.off)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hints_with(fps: &[u8]) -> Hints {
+        let fp: Box<[AtomicU64]> = (0..fps.len().div_ceil(8)).map(|_| AtomicU64::new(0)).collect();
+        for (i, &f) in fps.iter().enumerate() {
+            let w = &fp[i / 8];
+            w.store(
+                w.load(Ordering::Relaxed) | (f as u64) << ((i % 8) * 8),
+                Ordering::Relaxed,
+            );
+        }
+        Hints {
+            compact: 0,
+            compact_version: 0,
+            fp,
+            table: None,
+        }
+    }
+
+    #[test]
+    fn key_table_notes_out_of_order_stop_its_use() {
+        let t = KeyTable::new(200).unwrap();
+        assert!(KeyTable::new(KeyTable::MIN_CAPACITY).is_none());
+        for i in 0..10 {
+            t.note(i, i % 3);
+        }
+        assert!(t.covers(10) && !t.covers(11));
+        assert_eq!(t.find(1), Some(7));
+        assert_eq!(t.find(3), None);
+        t.note(12, 5);
+        assert!(!t.covers(10));
+    }
+
+    #[test]
+    fn zero_bytes_marks_exactly_the_zero_bytes() {
+        for v in [
+            0u64,
+            u64::MAX,
+            0x0100_ff00_8000_0001,
+            0x8080_8080_8080_8080,
+            0x0001_0000_0100_7f00,
+        ] {
+            let want: u64 = (0..8)
+                .filter(|k| (v >> (k * 8)) & 0xff == 0)
+                .map(|k| 0x80u64 << (k * 8))
+                .sum();
+            assert_eq!(zero_bytes(v), want, "{v:#x}");
+        }
+    }
+
+    #[test]
+    fn candidates_are_the_matching_or_unknown_slots_highest_first() {
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let fps: Vec<u8> = (0..203)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                // Few distinct values, some unknown (0), so every case occurs.
+                (x % 5) as u8 * 60
+            })
+            .collect();
+        let h = hints_with(&fps);
+        for fk in [60u8, 120, 180, 240, 7] {
+            for (lo, hi) in [
+                (0, 203),
+                (3, 9),
+                (8, 16),
+                (5, 6),
+                (17, 17),
+                (0, 1),
+                (190, 203),
+                (41, 200),
+            ] {
+                let want: Vec<u64> = (lo..hi)
+                    .rev()
+                    .filter(|&i| fps[i as usize] == fk || fps[i as usize] == 0)
+                    .collect();
+                let mut got = Vec::new();
+                h.candidates(lo, hi, fk, |i| {
+                    got.push(i);
+                    false
+                });
+                assert_eq!(got, want, "fk {fk} in {lo}..{hi}");
+            }
+        }
+        // Stopping early stops.
+        let mut seen = 0;
+        h.candidates(0, 203, 60, |_| {
+            seen += 1;
+            seen == 3
+        });
+        assert_eq!(seen, 3);
+    }
+
+    #[test]
+    fn fingerprints_are_never_unknown() {
+        for kw in [0u64, 1, u64::MAX, 0x8000_0000_0000_0000, 0x0123_4567_89ab_cdef] {
+            assert_ne!(fingerprint(kw), 0);
+        }
+        let h = hints_with(&[0; 16]);
+        h.note(9, 42);
+        h.note(10, 43);
+        let mut got = Vec::new();
+        h.candidates(0, 16, fingerprint(42), |i| {
+            got.push(i);
+            false
+        });
+        // Slot 10 holds another key's fingerprint unless they collide.
+        assert!(got.contains(&9) && (!got.contains(&10) || fingerprint(42) == fingerprint(43)));
+    }
+}

@@ -1,0 +1,585 @@
+//! The `nv` leaf format (NV-Tree §4.3–4.4): unsorted, append-only,
+//! published by one atomic count. Its byte layout is `format/leaf_nv.rs`.
+
+use std::collections::HashMap;
+use std::ops::Bound as RB;
+use std::sync::atomic::Ordering;
+
+use super::collate::{collate, collate_in, Collated, Keep};
+use super::hints::{cached_layout, fingerprint, hints, KeyTable};
+use super::leaf::{show, Audit, AuditCtx, Elem, LeafFormat, Lookup, Newest, Removed, Scan, Slot, Written};
+use super::mvcc::Clock;
+use super::LeafRef;
+use crate::format::blob;
+use crate::format::element::{element_key, element_value, encode, leaf_blob_ok, negate, validate_blob};
+use crate::format::leaf_nv::{self as nv, Layout, Meta};
+use crate::pmem::{points, Space, LINE};
+
+/// The NV-Tree leaf: unsorted, append-only, published by its count.
+pub struct Nv;
+
+/// Full element `i` as the newest for `key` (key word `kw`) at `at`, if it
+/// holds that key and is visible at `at`.
+#[inline]
+fn full_match<S: Space>(s: &S, layout: &Layout, i: u64, key: &[u8], kw: u64, at: u64) -> Option<Newest> {
+    let e = layout.elem(i);
+    if s.read_u64(e + nv::E_KEY_WORD) != kw {
+        return None;
+    }
+    let meta_w = s.read_u64(e + nv::E_META);
+    if meta_w & nv::VERSION_MASK > at {
+        return None;
+    }
+    let meta = Meta::decode(meta_w).expect("published element has valid meta");
+    let same = match meta.key_inline {
+        Some(l) => l as usize == key.len(),
+        None => {
+            key.len() > 8 && {
+                let b = s.read_u64(e + nv::E_BLOB);
+                let (kl, _) = blob::lens(s.read_u64(b));
+                kl as usize == key.len() && {
+                    let mut k = vec![0u8; key.len()];
+                    s.read(b + blob::DATA_OFF, &mut k);
+                    k == key
+                }
+            }
+        }
+    };
+    same.then_some(Newest {
+        index: i,
+        negative: meta.negative,
+        version: meta.version,
+    })
+}
+
+/// The newest element for `key` among the first `n` at `at`, from the key
+/// table: `Some(answer)` when the table decides, `None` when the
+/// fingerprint scan must.
+#[inline]
+fn newest_by_table<S: Space>(
+    s: &S,
+    t: &KeyTable,
+    layout: &Layout,
+    n: u64,
+    key: &[u8],
+    kw: u64,
+    at: u64,
+) -> Option<Option<Newest>> {
+    if !t.covers(n) {
+        return None;
+    }
+    // No element below `n` has this key word.
+    let Some(i) = t.find(kw) else {
+        return Some(None);
+    };
+    // The newest element with this key word (or with a word whose tag
+    // collides): if it holds `key` and is visible at `at`, it is `key`'s
+    // newest; otherwise an older element may be, and the scan looks.
+    if i >= n {
+        return None;
+    }
+    if i < layout.compact {
+        return compact_match(s, layout, i, key, kw, at).map(Some);
+    }
+    full_match(s, layout, i, key, kw, at).map(Some)
+}
+
+/// Compact entry `i` as the newest for `key` (key word `kw`) at `at`: the
+/// prefix holds only 8-byte keys, one entry per key, all at one version.
+#[inline]
+fn compact_match<S: Space>(s: &S, layout: &Layout, i: u64, key: &[u8], kw: u64, at: u64) -> Option<Newest> {
+    let hit = key.len() == 8 && layout.compact_version <= at && layout.key_word(s, i) == kw;
+    hit.then_some(Newest {
+        index: i,
+        negative: false,
+        version: layout.compact_version,
+    })
+}
+
+impl LeafFormat for Nv {
+    const NAME: &'static str = "nv";
+
+    #[inline]
+    fn capacity(size: u64) -> u64 {
+        nv::capacity(size)
+    }
+    #[inline]
+    fn count<S: Space>(s: &S, leaf: u64) -> u64 {
+        s.load(leaf + nv::COUNT_OFF)
+    }
+    #[inline]
+    fn next<S: Space>(s: &S, leaf: u64) -> u64 {
+        s.load(leaf + nv::NEXT_OFF)
+    }
+    #[inline]
+    fn size<S: Space>(s: &S, leaf: u64) -> u64 {
+        s.load(leaf + nv::SIZE_OFF)
+    }
+    #[inline]
+    fn next_word(leaf: u64) -> u64 {
+        leaf + nv::NEXT_OFF
+    }
+
+    fn layout_ok<S: Space>(s: &S, leaf: u64, size: u64, count: u64) -> bool {
+        Layout::read(s, leaf).valid(size, count)
+    }
+
+    fn newest<S: Space>(s: &S, leaf: &LeafRef, n: u64, key: &[u8], at: u64) -> Option<Newest> {
+        let h = hints(s, leaf);
+        let kw = nv::key_word(key);
+        let fk = fingerprint(kw);
+        let layout = h.layout(leaf.off);
+        // Newest first: the newest element for a key decides (a NEGATIVE one
+        // cancels the positive it follows, NV-Tree §4.3). Full elements
+        // are newer than the compact prefix. Only elements whose
+        // fingerprint matches (or is unknown) are read from the leaf.
+        if let Some(t) = &h.table {
+            if let Some(found) = newest_by_table(s, t, &layout, n, key, kw, at) {
+                return found;
+            }
+        }
+        let mut found = None;
+        h.candidates(layout.compact, n, fk, |i| {
+            found = full_match(s, &layout, i, key, kw, at);
+            found.is_some()
+        });
+        // The prefix holds only 8-byte keys, one entry per key.
+        if found.is_some() || key.len() != 8 || layout.compact_version > at {
+            return found;
+        }
+        h.candidates(0, layout.compact.min(n), fk, |i| {
+            found = compact_match(s, &layout, i, key, kw, at);
+            found.is_some()
+        });
+        found
+    }
+
+    fn element<S: Space>(s: &S, leaf: u64, i: u64) -> Elem {
+        let words = Layout::read(s, leaf).words(s, i);
+        Elem {
+            key: element_key(s, &words),
+            words,
+        }
+    }
+
+    fn value<S: Space>(s: &S, leaf: u64, i: u64) -> Vec<u8> {
+        element_value(s, &Layout::read(s, leaf).words(s, i))
+    }
+
+    fn append<S: Space>(s: &S, leaf: &LeafRef, n: u64, elems: &[[u64; 4]]) {
+        let h = hints(s, leaf);
+        for (j, e) in elems.iter().enumerate() {
+            h.note(n + j as u64, e[0]);
+        }
+        let at = h.layout(leaf.off).elem(n);
+        let leaf = leaf.off;
+        let len = elems.len() * nv::ELEM_SIZE as usize;
+        // Plain writes append one or two elements: no heap allocation.
+        let mut small = [0u8; 2 * nv::ELEM_SIZE as usize];
+        let mut large = Vec::new();
+        let buf: &mut [u8] = if len <= small.len() {
+            &mut small[..len]
+        } else {
+            large.resize(len, 0);
+            &mut large
+        };
+        for (j, w) in elems.iter().enumerate() {
+            for (k, word) in w.iter().enumerate() {
+                let o = j * 32 + k * 8;
+                buf[o..o + 8].copy_from_slice(&word.to_le_bytes());
+            }
+        }
+        s.write(at, buf);
+        s.flush(at, len as u64, points::NV_ELEMENT_FLUSH);
+        s.fence(points::NV_ELEMENT_FENCE);
+        s.publish(
+            leaf + nv::COUNT_OFF,
+            n + elems.len() as u64,
+            points::NV_COUNT_FLUSH,
+            points::NV_COUNT_FENCE,
+        );
+    }
+
+    fn build<S: Space>(s: &S, leaf: u64, size: u64, next: u64, elems: &[Slot]) {
+        assert!(elems.len() as u64 <= nv::capacity(size));
+        // Settled elements with 8-byte keys and values go to the compact
+        // prefix. `elems` is in key order with a key's versions adjacent
+        // and a settled element first among them, so the prefix comes out
+        // in strictly increasing key order, one entry per key, each before
+        // the key's full elements (version order kept).
+        let fits: Vec<bool> = {
+            let mut last = None;
+            elems
+                .iter()
+                .map(|e| {
+                    let fits = e.settled
+                        && e.long_key.is_none()
+                        && nv::compactable(&e.words)
+                        && last.is_none_or(|w| w < e.words[0]);
+                    if fits {
+                        last = Some(e.words[0]);
+                    }
+                    fits
+                })
+                .collect()
+        };
+        // An update appends two elements: when they start on a line, they
+        // flush one line instead of two. The first append goes where the
+        // built elements end, so if that is mid-line, the last one or two
+        // compact candidates are stored full instead (moving one shifts
+        // the end by half a line when the prefix has an even number of
+        // entries; two otherwise). Every later update keeps the alignment.
+        let candidates = fits.iter().filter(|&&f| f).count() as u64;
+        let full_count = elems.len() as u64 - candidates;
+        let end = |c: u64| nv::full_start(c) + (full_count + candidates - c) * nv::ELEM_SIZE;
+        let keep = [candidates, candidates.saturating_sub(1), candidates.saturating_sub(2)]
+            .into_iter()
+            .find(|&c| end(c) % LINE == 0)
+            .unwrap_or(candidates);
+        let mut compact: Vec<&Slot> = Vec::with_capacity(keep as usize);
+        let mut full: Vec<&Slot> = Vec::with_capacity(elems.len() - keep as usize);
+        for (e, &fit) in elems.iter().zip(&fits) {
+            if fit && (compact.len() as u64) < keep {
+                compact.push(e);
+            } else {
+                full.push(e);
+            }
+        }
+        let version = compact.iter().map(|e| e.version()).max().unwrap_or(0);
+        let start = nv::full_start(compact.len() as u64);
+        let used = start + full.len() as u64 * nv::ELEM_SIZE;
+        let mut buf = vec![0u8; used as usize];
+        let mut put = |o: u64, w: u64| buf[o as usize..][..8].copy_from_slice(&w.to_le_bytes());
+        put(nv::COUNT_OFF, elems.len() as u64);
+        put(nv::NEXT_OFF, next);
+        put(nv::SIZE_OFF, size);
+        put(nv::COMPACT_OFF, compact.len() as u64);
+        put(nv::COMPACT_VERSION_OFF, version);
+        for (j, e) in compact.iter().enumerate() {
+            let o = nv::ELEMS_OFF + j as u64 * nv::COMPACT_SIZE;
+            put(o + nv::C_KEY_WORD, e.words[0]);
+            put(o + nv::C_VALUE_WORD, e.words[2]);
+        }
+        for (j, e) in full.iter().enumerate() {
+            for (k, word) in e.words.iter().enumerate() {
+                put(start + j as u64 * nv::ELEM_SIZE + k as u64 * 8, *word);
+            }
+        }
+        s.write(leaf, &buf);
+        s.flush(leaf, used.max(LINE), points::NV_NEWLEAF_FLUSH);
+    }
+
+    const VERSIONED: bool = true;
+
+    /// A search tests the DRAM fingerprints, one byte per 32-byte element
+    /// (one line of them per 32 leaf lines), and reads only the elements
+    /// whose fingerprint matches: about one.
+    const SEARCH_LINE_SHARE: f64 = 1.0 / 32.0;
+
+    fn read<S: Space>(s: &S, leaf: &LeafRef, key: &[u8], at: u64) -> Option<Option<Vec<u8>>> {
+        let n = leaf.durable.load(Ordering::Acquire);
+        Some(match Self::lookup_at(s, leaf, n, key, at) {
+            Lookup::Present(i) => Some(element_value(s, &cached_layout(s, leaf).words(s, i))),
+            Lookup::Absent => None,
+        })
+    }
+
+    fn upsert<S: Space>(s: &S, leaf: &LeafRef, key: &[u8], value: &[u8], blob: u64, clock: &Clock) -> Written {
+        let n = leaf.durable.load(Ordering::Relaxed);
+        let layout = cached_layout(s, leaf);
+        // The lines the append will write (the next element's and the
+        // count's) are fetched while the lookup runs.
+        if n < Self::capacity(leaf.size) {
+            s.prefetch_write(layout.elem(n));
+        }
+        s.prefetch_write(leaf.off + nv::COUNT_OFF);
+        // The old element's words, for its NEGATIVE twin.
+        let old = match Self::lookup(s, leaf, n, key) {
+            Lookup::Present(i) => Some(layout.words(s, i)),
+            Lookup::Absent => None,
+        };
+        let need = if old.is_some() { 2 } else { 1 };
+        if n + need > Self::capacity(leaf.size) {
+            return Written::Full;
+        }
+        let w = clock.begin_write();
+        let new = encode(key, value, blob, w.ts, false);
+        match &old {
+            Some(o) => Self::append(s, leaf, n, &[negate(*o, w.ts, false), new]),
+            None => Self::append(s, leaf, n, &[new]),
+        }
+        leaf.durable.store(n + need, Ordering::Release);
+        drop(w);
+        // An old blob stays referenced by the old element until a rewrite drops it.
+        Written::Done {
+            inserted: old.is_none(),
+            freed: None,
+        }
+    }
+
+    fn remove<S: Space>(s: &S, leaf: &LeafRef, key: &[u8], clock: &Clock) -> Removed {
+        let n = leaf.durable.load(Ordering::Relaxed);
+        // A NEGATIVE element is appended only when a positive one exists (§4.3).
+        let Lookup::Present(i) = Self::lookup(s, leaf, n, key) else {
+            return Removed::Done {
+                existed: false,
+                freed: None,
+            };
+        };
+        if n + 1 > Self::capacity(leaf.size) {
+            return Removed::Full;
+        }
+        let old = cached_layout(s, leaf).words(s, i);
+        let w = clock.begin_write();
+        Self::append(s, leaf, n, &[negate(old, w.ts, false)]);
+        leaf.durable.store(n + 1, Ordering::Release);
+        drop(w);
+        Removed::Done {
+            existed: true,
+            freed: None,
+        }
+    }
+
+    fn collate_leaf<S: Space>(s: &S, leaf: &LeafRef, keep: Keep, lo: &RB<Vec<u8>>, hi: &RB<Vec<u8>>) -> Collated {
+        collate_in(s, leaf.off, leaf.durable.load(Ordering::Acquire), keep, lo, hi)
+    }
+
+    fn has_room<S: Space>(_s: &S, leaf: &LeafRef, need: u64) -> bool {
+        leaf.durable.load(Ordering::Relaxed) + need <= Self::capacity(leaf.size)
+    }
+
+    fn scan<S: Space>(s: &S, off: u64, committed: u64) -> std::result::Result<Scan, String> {
+        let pool = crate::format::header::pool_size(s);
+        let size = Self::size(s, off);
+        if size < nv::MIN_SIZE || size % LINE != 0 || size > pool - off {
+            return Err(format!("leaf {off} has invalid size {size}"));
+        }
+        let count = Self::count(s, off);
+        if count > Self::capacity(size) {
+            return Err(format!(
+                "leaf {off} count {count} exceeds capacity {}",
+                Self::capacity(size)
+            ));
+        }
+        let layout = Layout::read(s, off);
+        if !Self::layout_ok(s, off, size, count) {
+            return Err(format!(
+                "leaf {off} has an invalid compact prefix ({} of {count})",
+                layout.compact
+            ));
+        }
+        let mut blobs = Vec::new();
+        // Elements of a transaction without a commit record end the leaf.
+        let mut kept = count;
+        for i in 0..count {
+            let words = layout.words(s, i);
+            let meta_w = words[3];
+            let meta = Meta::decode(meta_w)
+                .ok_or_else(|| format!("leaf {off} element {i} has invalid metadata {meta_w:#x}"))?;
+            let uncommitted = meta.txn && meta.version > committed;
+            if uncommitted && kept == count {
+                kept = i;
+            } else if !uncommitted && kept < count {
+                return Err(format!(
+                    "leaf {off} element {i} follows elements of an uncommitted transaction"
+                ));
+            }
+            if uncommitted {
+                continue;
+            }
+            let b = words[1];
+            if meta.needs_blob() {
+                validate_blob(s, b, meta, pool).map_err(|w| format!("leaf {off} element {i}: {w}"))?;
+                blobs.push(b);
+            } else if b != 0 {
+                return Err(format!("leaf {off} element {i} has a blob reference but inline data"));
+            }
+        }
+        // Every element is valid now; collate for the leaf's bound and live keys.
+        let c = collate(s, off, kept, Keep::At(u64::MAX));
+        Ok(Scan {
+            size,
+            count: kept,
+            undo: kept < count,
+            max: c.max_key,
+            max_version: c.max_version,
+            live: c.live,
+            blobs,
+        })
+    }
+
+    fn validate<S: Space>(
+        s: &S,
+        off: u64,
+        data_start: u64,
+    ) -> std::result::Result<(u64, Option<u64>), crate::format::validate::Damage> {
+        crate::format::validate::nv_leaf(s, off, data_start).map(|(size, count)| (size, Some(count)))
+    }
+
+    fn audit<S: Space>(s: &S, leaf: &LeafRef, ctx: &AuditCtx<'_>) -> Audit {
+        let off = leaf.off;
+        let mut a = Audit::default();
+        let persistent = Self::count(s, off);
+        if persistent > Self::capacity(leaf.size) {
+            a.problems.push(format!(
+                "leaf {off}: count {persistent} exceeds capacity {}",
+                Self::capacity(leaf.size)
+            ));
+            return a;
+        }
+        let layout = Layout::read(s, off);
+        if !Self::layout_ok(s, off, leaf.size, persistent) {
+            a.problems.push(format!(
+                "leaf {off}: compact prefix of {} entries with {persistent} elements",
+                layout.compact
+            ));
+            return a;
+        }
+        if (1..layout.compact).any(|i| layout.key_word(s, i - 1) >= layout.key_word(s, i)) {
+            a.problems.push(format!("leaf {off}: compact prefix out of key order"));
+        }
+        let n = leaf.durable.load(Ordering::Acquire);
+        // A read-only open cannot undo an uncommitted transaction's
+        // elements; it only stops reading before them.
+        let undone = !s.writable()
+            && n < persistent
+            && (n..persistent).all(|i| {
+                let m = Meta::decode(layout.words(s, i)[3]);
+                m.is_some_and(|m| m.txn && m.version > ctx.committed)
+            });
+        if n != persistent && !undone {
+            a.problems.push(format!(
+                "leaf {off}: durable count {n} differs from persistent count {persistent}"
+            ));
+        }
+        let mut newest: HashMap<Vec<u8>, bool> = HashMap::new();
+        let mut versions: HashMap<Vec<u8>, u64> = HashMap::new();
+        for i in 0..n.min(persistent) {
+            let words = layout.words(s, i);
+            if Meta::decode(words[3]).is_none() {
+                a.problems
+                    .push(format!("leaf {off} element {i}: invalid metadata {:#x}", words[3]));
+                continue;
+            }
+            if let Err(w) = leaf_blob_ok(s, &words, ctx.pool) {
+                a.problems.push(format!("leaf {off} element {i}: {w}"));
+                continue;
+            }
+            let el = Self::element(s, off, i);
+            a.elements += 1;
+            if el.blob() != 0 {
+                a.blobs.push(el.blob());
+            }
+            if !(ctx.in_bounds)(&el.key) {
+                a.problems.push(format!(
+                    "leaf {off} element {i}: key {} outside the leaf's bounds",
+                    show(&el.key)
+                ));
+            }
+            let meta = el.meta();
+            if meta.txn && meta.version > ctx.committed {
+                a.problems.push(format!(
+                    "leaf {off} element {i}: part of transaction {} that has no commit record",
+                    meta.version
+                ));
+            }
+            if meta.version > ctx.last_ts {
+                a.problems.push(format!(
+                    "leaf {off} element {i}: version {} is newer than the clock ({})",
+                    meta.version, ctx.last_ts
+                ));
+            }
+            if versions
+                .insert(el.key.clone(), meta.version)
+                .is_some_and(|v| v > meta.version)
+            {
+                a.problems.push(format!(
+                    "leaf {off} element {i}: versions of key {} go backwards",
+                    show(&el.key)
+                ));
+            }
+            let neg = el.negative();
+            if neg && newest.get(&el.key) != Some(&true) {
+                a.problems.push(format!(
+                    "leaf {off} element {i}: NEGATIVE element without a live positive one"
+                ));
+            }
+            newest.insert(el.key, !neg);
+        }
+        a.live = newest.values().filter(|v| **v).count() as u64;
+        a
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::element::write_blob;
+    use crate::tree::collate::tests::{history_of, shared_word_keys, unsettled};
+
+    #[test]
+    fn key_table_lookups_match_a_linear_scan() {
+        let s = crate::pmem::sim::SimSpace::new(1 << 20);
+        let mut keys = shared_word_keys();
+        keys.extend((0..40).map(|i| format!("k{i:07}").into_bytes()));
+        let queries: Vec<Vec<u8>> = keys
+            .iter()
+            .cloned()
+            .chain([&b"q"[..], b"abcdefgh333", b"k999999z", b"a\0\0"].map(|k| k.to_vec()))
+            .collect();
+        let (mut decided, mut asked) = (0u64, 0u64);
+        for seed in 1..25u64 {
+            // A leaf rebuilt from an earlier history (so 8-byte keys with
+            // 8-byte values form a compact prefix), then appended to.
+            let (old, old_blobs) = history_of(&keys, seed, 150, 1);
+            let (new, new_blobs) = history_of(&keys, seed ^ 0x5555, 120, 1000);
+            for (off, k, v) in old_blobs.iter().chain(&new_blobs) {
+                write_blob(&s, *off, k, v);
+            }
+            let scratch = unsettled(&old);
+            Nv::build(&s, 4096, 32768, 0, &scratch);
+            let kept = collate(&s, 4096, scratch.len() as u64, Keep::Since(u64::MAX)).valid;
+            let (off, size) = (36864, 8192);
+            Nv::build(&s, off, size, 0, &kept);
+            let leaf = LeafRef::with(off, size, kept.len() as u64);
+            assert!(hints(&s, &leaf).table.is_some());
+            assert!(Layout::read(&s, off).compact > 0, "seed {seed}");
+            let mut n = kept.len() as u64;
+            for (step, (_, w)) in new.iter().enumerate() {
+                Nv::append(&s, &leaf, n, &[*w]);
+                n += 1;
+                leaf.durable.store(n, Ordering::Release);
+                if step % 7 != 0 {
+                    continue;
+                }
+                let layout = Layout::read(&s, off);
+                // A reader may hold an older count than the writer has noted.
+                let oracle = |n: u64, key: &[u8], at: u64| {
+                    (0..n).rev().find_map(|i| {
+                        let w = layout.words(&s, i);
+                        let version = w[3] & nv::VERSION_MASK;
+                        (element_key(&s, &w) == key && version <= at).then_some((i, w[3] & nv::NEGATIVE != 0, version))
+                    })
+                };
+                let t = hints(&s, &leaf).table.as_ref().unwrap();
+                for (q, r) in queries.iter().flat_map(|q| [(q, n), (q, n - n.min(3))]) {
+                    for at in [0, 1, 75, 149, 150, 1000, 1000 + step as u64 / 2, u64::MAX] {
+                        let want = oracle(r, q, at);
+                        let got = Nv::newest(&s, &leaf, r, q, at).map(|e| (e.index, e.negative, e.version));
+                        assert_eq!(got, want, "seed {seed} step {step} key {q:?} at {at} count {r}");
+                        let by_table = newest_by_table(&s, t, &layout, r, q, nv::key_word(q), at);
+                        if let Some(by_table) = by_table {
+                            assert_eq!(by_table.map(|e| (e.index, e.negative, e.version)), want);
+                        }
+                        if at == u64::MAX && r == n {
+                            asked += 1;
+                            decided += by_table.is_some() as u64;
+                        }
+                    }
+                }
+            }
+        }
+        // Most lookups of the newest state (a writer's) never reach the scan.
+        assert!(decided * 10 > asked * 9, "table decided {decided} of {asked}");
+    }
+}

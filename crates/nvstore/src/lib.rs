@@ -30,6 +30,7 @@ pub mod error;
 pub mod format;
 pub mod pmem;
 pub mod recovery;
+pub mod salvage;
 pub mod tree;
 pub mod txn;
 pub mod units;

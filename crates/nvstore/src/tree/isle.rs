@@ -717,6 +717,14 @@ impl LeafFormat for Isle {
         recover::scan(s, off, committed)
     }
 
+    fn validate<S: Space>(
+        s: &S,
+        off: u64,
+        data_start: u64,
+    ) -> std::result::Result<(u64, Option<u64>), crate::format::validate::Damage> {
+        crate::format::validate::isle_leaf(s, off, data_start).map(|size| (size, None))
+    }
+
     fn audit<S: Space>(s: &S, leaf: &LeafRef, ctx: &AuditCtx<'_>) -> Audit {
         recover::audit(s, leaf, ctx)
     }

@@ -10,6 +10,7 @@ use super::collate::{Collated, Keep, Slot};
 use super::mvcc::Clock;
 use super::LeafRef;
 use crate::format::leaf_nv::{self as nv, Meta};
+use crate::format::validate::Damage;
 use crate::pmem::Space;
 
 /// One element as stored: its full key (loaded) and its raw words.
@@ -180,6 +181,10 @@ pub trait LeafFormat: Send + Sync + 'static {
 
     /// `check`: every invariant of one leaf the format owns.
     fn audit<S: Space>(s: &S, leaf: &LeafRef, ctx: &AuditCtx<'_>) -> Audit;
+
+    /// Checks the leaf at `off` read from media (`format::validate`):
+    /// its size and, for formats that have one, its persistent count.
+    fn validate<S: Space>(s: &S, off: u64, data_start: u64) -> std::result::Result<(u64, Option<u64>), Damage>;
 }
 
 /// Outcome of [`LeafFormat::upsert`].

@@ -413,6 +413,14 @@ impl LeafFormat for Nv {
         })
     }
 
+    fn validate<S: Space>(
+        s: &S,
+        off: u64,
+        data_start: u64,
+    ) -> std::result::Result<(u64, Option<u64>), crate::format::validate::Damage> {
+        crate::format::validate::nv_leaf(s, off, data_start).map(|(size, count)| (size, Some(count)))
+    }
+
     fn audit<S: Space>(s: &S, leaf: &LeafRef, ctx: &AuditCtx<'_>) -> Audit {
         let off = leaf.off;
         let mut a = Audit::default();

@@ -70,7 +70,10 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
         // Right sibling in the same PLN, for a merge.
         let right = idx.successor(f.pln, f.pos).filter(|(p, _, _)| *p == f.pln);
         let merge_ok = right.as_ref().is_some_and(|(_, _, r)| {
-            (c.valid.len() as u64) < min_fill && L::count(&*self.space, r.leaf.off) < L::capacity(r.leaf.size) / 2
+            // A damaged sibling is left alone (and reported when reached).
+            self.sound(&r.leaf).is_ok()
+                && (c.valid.len() as u64) < min_fill
+                && L::count(&*self.space, r.leaf.off) < L::capacity(r.leaf.size) / 2
         });
         let Some(rewrite) = plan(goal, &c.valid, min_fill, merge_ok, L::SPLITS_IN_PLACE) else {
             return Ok(false);
@@ -257,7 +260,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
             .iter()
             .zip(offs.iter().zip(&sizes))
             .map(|((max, _, elems), (&off, &size))| {
-                let l = LeafRef::with(off, size, elems.len() as u64);
+                let l = LeafRef::built(off, size, elems.len() as u64);
                 l.counters.set(profile.share(parts));
                 Entry {
                     max: max.clone(),
@@ -340,7 +343,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
             },
             Entry {
                 max: f.high.clone(),
-                leaf: Arc::new(LeafRef::with(off, size, right.len() as u64)),
+                leaf: Arc::new(LeafRef::built(off, size, right.len() as u64)),
             },
         ];
         let pln = idx.plns[f.pln].load();

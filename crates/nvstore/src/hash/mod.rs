@@ -46,13 +46,15 @@
 //!
 //! # The ordered index (`index.rs`)
 //!
-//! Not yet in this module (a concurrent B+-tree, next).
+//! See [`index::Index`]: a concurrent B+-tree in DRAM, rebuilt from the
+//! table at open.
 
 #![allow(
     dead_code,
     reason = "the engine is not wired into Db yet; until then only its tests use all of it"
 )]
 
+pub(crate) mod index;
 pub(crate) mod layout;
 pub(crate) mod points;
 pub(crate) mod table;

@@ -28,6 +28,7 @@ pub mod crashtest;
 pub mod db;
 pub mod error;
 pub mod format;
+mod hash;
 pub mod pmem;
 pub mod recovery;
 pub mod salvage;

@@ -14,7 +14,7 @@
 //!   (copy-on-write) and publish a new root with one atomic pointer swap
 //!   (`arc-swap`); a reader loads the root once and works on that
 //!   immutable snapshot. Nodes are reference counted, so a node is freed
-//!   when the last snapshot holding it is dropped (no epochs, no unsafe).
+//!   when the last snapshot holding it is dropped (no epochs, no raw pointers).
 //!   Writers are serialised by one mutex; only they wait for each other.
 //! - A range query descends once to its first key and then walks the
 //!   leaves in order with a stack of the path (KVS B+Tree index §2 chains

@@ -109,6 +109,7 @@ impl<S: Space> HashTable<S> {
     pub fn recover(space: &S, root_off: u64, path: &std::path::Path) -> Result<Scan> {
         let corrupt = |what: String| Error::Corrupt {
             path: path.to_path_buf(),
+            off: None,
             what: format!("hash table: {what}"),
         };
         let size = space.size();

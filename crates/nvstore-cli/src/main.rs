@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 
 use clap::{Args, Parser, Subcommand};
 use nvstore::pmem::FlushKind;
-use nvstore::{Db, LeafKind, Options};
+use nvstore::{Db, EngineKind, LeafKind, Options};
 
 const EXIT_CODES: &str = "\
 Exit status: 0 success; 1 a negative answer (key absent, check found problems,
@@ -172,9 +172,14 @@ struct CreateArgs {
     /// Leaf node size in bytes (a multiple of 64).
     #[arg(long, default_value = "1024", value_parser = units::parse_size)]
     node_size: u64,
-    /// Leaf format.
+    /// Leaf format (tree pools).
     #[arg(long, default_value = "nv")]
     leaf: LeafKind,
+    /// Engine: tree (the NV-Tree) or hash (a persistent hash table with an
+    /// ordered index in DRAM: faster point operations, no snapshots or
+    /// transactions).
+    #[arg(long, default_value = "tree")]
+    engine: EngineKind,
     /// Cache-line write-back instruction for this open (clwb, clflushopt, clflush, none);
     /// default: the best the CPU offers. Not stored in the pool.
     #[arg(long)]
@@ -207,7 +212,10 @@ struct ScanArgs {
 
 #[derive(Args, Debug)]
 struct CrashtestArgs {
-    /// Leaf format to test: nv or isle.
+    /// Engine to test: tree or hash.
+    #[arg(long, default_value = "tree")]
+    engine: EngineKind,
+    /// Leaf format to test (tree pools): nv or isle.
     #[arg(long, default_value = "nv")]
     leaf: String,
     /// Leaf node size in bytes (default: 256 for nv, 640 for isle, whose
@@ -398,19 +406,22 @@ fn create(a: CreateArgs) -> CmdResult {
         max_size: defaults.max_size.max(a.size),
         node_size,
         leaf: a.leaf,
+        engine: a.engine,
         flush: a.flush,
         ..defaults
     };
     let db = Db::create(p, opts).map_err(lib_err(p))?;
     let st = db.stat();
     db.close().map_err(lib_err(p))?;
+    let layout = match a.engine {
+        EngineKind::Tree => format!("leaf {}, node size {}", st.leaf_format, st.node_size),
+        EngineKind::Hash => "engine hash".to_string(),
+    };
     println!(
-        "created {}: {} ({} bytes), leaf {}, node size {}, flush {}, mapping {}",
+        "created {}: {} ({} bytes), {layout}, flush {}, mapping {}",
         p.display(),
         units::fmt_bytes(st.size_bytes),
         st.size_bytes,
-        st.leaf_format,
-        st.node_size,
         st.flush,
         st.mapping
     );
@@ -427,6 +438,7 @@ const STAT_ORDER: &[&str] = &[
     "mapping",
     "flush",
     "clean_shutdown",
+    "engine",
     "leaf_format",
     "node_size",
     "keys",
@@ -839,6 +851,11 @@ fn crashtest(a: CrashtestArgs) -> CmdResult {
         return io::stdout().write_all(s.as_bytes()).map_err(out_err);
     }
     let leaf: nvstore::LeafKind = a.leaf.parse().map_err(Fail::error)?;
+    if a.txn && a.engine == EngineKind::Hash {
+        return Err(Fail::error(
+            "--txn needs a tree pool: a hash pool has no multi-key commit, so it takes no transactions",
+        ));
+    }
     if a.txn && leaf != nvstore::LeafKind::Nv {
         return Err(Fail::error(format!(
             "--txn needs --leaf nv: {} leaves keep no versions, so they take no transactions",
@@ -866,7 +883,10 @@ fn crashtest(a: CrashtestArgs) -> CmdResult {
             Some(n) => u32::try_from(n).map_err(|_| Fail::error(format!("node size {n} is too large")))?,
             None => crashtest::Config::default_node_size(leaf),
         },
-        ..crashtest::Config::for_leaf(leaf)
+        ..match a.engine {
+            EngineKind::Tree => crashtest::Config::for_leaf(leaf),
+            EngineKind::Hash => crashtest::Config::for_hash(),
+        }
     };
     let r = crashtest::run(&cfg);
     let text = if a.json {
@@ -874,12 +894,13 @@ fn crashtest(a: CrashtestArgs) -> CmdResult {
         format!("{v}\n")
     } else {
         format!(
-            "crashtest: leaf {}, {} ops, seed {}, {} thread(s), drop {}{}\n\
+            "crashtest: engine {}, leaf {}, {} ops, seed {}, {} thread(s), drop {}{}\n\
              crash states checked: {}\n\
              points covered:       {} of {}\n\
              violations:           {}\n\
              time:                 {:.2} s\n\
              {}\n",
+            r.engine,
             r.leaf,
             r.ops,
             r.seed,

@@ -7,7 +7,8 @@ use std::sync::Arc;
 use crate::alloc::Allocator;
 use crate::check::{self, CheckReport};
 use crate::error::{Error, Result};
-use crate::format::header::{self, Header, LeafKind, VERSION};
+use crate::format::header::{self, EngineKind, Header, LeafKind, VERSION};
+use crate::hash::engine::{self as hash_engine, HashEngine, HashIter};
 use crate::pmem::{FileSpace, FlushKind, OpenMode, Space};
 use crate::recovery::{self, Recovery, RecoveryKind};
 use crate::tree::adaptive::{self, Model, Strategy};
@@ -36,8 +37,11 @@ pub struct Options {
     pub max_size: u64,
     /// Leaf node size in bytes when creating (a multiple of 64).
     pub node_size: u32,
-    /// Leaf format when creating; an existing pool keeps its own.
+    /// Leaf format when creating a tree pool; an existing pool keeps its own.
     pub leaf: LeafKind,
+    /// Engine when creating (the NV-Tree or the hash table with its
+    /// ordered index); an existing pool keeps its own.
+    pub engine: EngineKind,
     /// Flush instruction; `None` detects the best one.
     pub flush: Option<FlushKind>,
     /// Emulated write latency per flushed line, in nanoseconds.
@@ -60,6 +64,7 @@ impl Default for Options {
             max_size: 1 << 40,
             node_size: 1024,
             leaf: LeafKind::Nv,
+            engine: EngineKind::Tree,
             flush: None,
             latency_ns: 0,
             read_only: false,
@@ -89,18 +94,22 @@ impl Options {
     }
 }
 
-/// The tree of a pool, by its leaf format.
+/// The engine of a pool: the tree, by its leaf format, or the hash table.
+/// The only place `Db` widens: every method dispatches on it.
 enum Engine<S: Space> {
     Nv(Arc<Tree<S, Nv>>),
     Isle(Arc<Tree<S, Isle>>),
+    Hash(Arc<HashEngine<S>>),
 }
 
-/// Runs `$body` with `$t` bound to the pool's tree, whatever its format.
+/// Runs `$body` with `$t` bound to the pool's tree, whatever its format;
+/// on a hash pool runs `$hash` with `$h` bound to its engine.
 macro_rules! with_tree {
-    ($self:expr, $t:ident => $body:expr) => {
+    ($self:expr, $t:ident => $body:expr, $h:ident => $hash:expr) => {
         match &$self.engine {
             Engine::Nv($t) => $body,
             Engine::Isle($t) => $body,
+            Engine::Hash($h) => $hash,
         }
     };
 }
@@ -127,10 +136,17 @@ pub struct Stat {
     pub flush: &'static str,
     /// Whether the pool was cleanly shut down when this open found it.
     pub clean_shutdown: bool,
+    /// "tree" or "hash".
+    pub engine: &'static str,
+    /// Tree pools: "nv" or "isle"; hash pools: "none".
     pub leaf_format: &'static str,
+    /// Tree pools: the leaf size of new leaves; hash pools: 0.
     pub node_size: u32,
     pub keys: u64,
     pub leaves: u64,
+    /// Hash pools: the global depth of the table's directory.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hash_depth: Option<u32>,
     pub last_recovery: Recovery,
     pub splits: u64,
     pub replaces: u64,
@@ -189,6 +205,9 @@ impl Db<FileSpace> {
     /// cached in the header for this `latency_ns`, else a fresh
     /// calibration, cached when the pool is writable.
     fn start_adaptive(&self, s: Strategy, latency_ns: u64) {
+        if matches!(self.engine, Engine::Hash(_)) {
+            return; // no leaves to size
+        }
         if s != Strategy::Off {
             let space = self.space();
             let off = header::CALIBRATION_OFF;
@@ -196,7 +215,7 @@ impl Db<FileSpace> {
             let model = match cached {
                 Some(m) => m,
                 // A pool too full for the scratch block still opens.
-                None if space.writable() => match adaptive::calibrate(space, with_tree!(self, t => &t.alloc)) {
+                None if space.writable() => match adaptive::calibrate(space, self.alloc()) {
                     Ok(m) => {
                         let [a, b] = m.encode(latency_ns);
                         header::set_root(space, off, a);
@@ -208,7 +227,7 @@ impl Db<FileSpace> {
                 },
                 None => Model::default(),
             };
-            with_tree!(self, t => t.adaptive.set_model(model));
+            with_tree!(self, t => t.adaptive.set_model(model), _h => ());
         }
         self.set_adaptive(s);
     }
@@ -264,15 +283,35 @@ impl<S: Space> Db<S> {
             version: VERSION,
             flags: 0,
             uuid: rand::random(),
-            leaf_format: opts.leaf,
+            engine: opts.engine,
+            leaf_format: match opts.engine {
+                EngineKind::Tree => opts.leaf,
+                EngineKind::Hash => LeafKind::Nv,
+            },
             node_size: opts.node_size,
             chunk_size: CHUNK_SIZE,
             data_start: CHUNK_SIZE,
         };
-        h.create(&space, size);
         let space = Arc::new(space);
         let alloc = Arc::new(Allocator::fresh(CHUNK_SIZE, CHUNK_SIZE, size, path.into()));
         let t = std::time::Instant::now();
+        if opts.engine == EngineKind::Hash {
+            // The table first, then the header: a pool whose creation was
+            // cut short is "not a pool" or has a whole, empty table.
+            let engine = HashEngine::create(space.clone(), alloc, path)?;
+            h.create(&*space, size);
+            return Ok(Db {
+                engine: Engine::Hash(Arc::new(engine)),
+                header: h,
+                recovery: Recovery {
+                    kind: RecoveryKind::Created,
+                    millis: t.elapsed().as_secs_f64() * 1e3,
+                },
+                was_clean: true,
+                closed: false,
+            });
+        }
+        h.create(&*space, size);
         fn fresh<S: Space, L: crate::tree::leaf::LeafFormat>(
             space: Arc<S>,
             alloc: Arc<Allocator>,
@@ -306,6 +345,7 @@ impl<S: Space> Db<S> {
         match &engine {
             Engine::Nv(t) => t.set_adaptive(opts.adaptive),
             Engine::Isle(t) => t.set_adaptive(opts.adaptive),
+            Engine::Hash(_) => {}
         }
         Ok(Db {
             engine,
@@ -321,12 +361,16 @@ impl<S: Space> Db<S> {
         let mut h = Header::read(&space, path)?;
         let was_clean = space.load(header::CLEAN_STATE_OFF) != 0;
         let space = Arc::new(space);
-        let (engine, recovery) = match h.leaf_format {
-            LeafKind::Nv => {
+        let (engine, recovery) = match (h.engine, h.leaf_format) {
+            (EngineKind::Hash, _) => {
+                let (e, r) = HashEngine::open(space.clone(), &h, path)?;
+                (Engine::Hash(Arc::new(e)), r)
+            }
+            (EngineKind::Tree, LeafKind::Nv) => {
                 let (t, r) = recovery::open_tree::<S, Nv>(space.clone(), &h, path)?;
                 (Engine::Nv(Arc::new(t)), r)
             }
-            LeafKind::Isle => {
+            (EngineKind::Tree, LeafKind::Isle) => {
                 let (t, r) = recovery::open_tree::<S, Isle>(space.clone(), &h, path)?;
                 (Engine::Isle(Arc::new(t)), r)
             }
@@ -349,36 +393,72 @@ impl<S: Space> Db<S> {
     /// get it from [`Options::adaptive`] with a calibrated model; this keeps
     /// the model in use (the default one on simulated spaces).
     pub fn set_adaptive(&self, s: Strategy) {
-        with_tree!(self, t => t.set_adaptive(s))
+        with_tree!(self, t => t.set_adaptive(s), _h => ())
     }
 
     /// The cost model adaptivity uses.
     pub fn adaptive_model(&self) -> Model {
-        with_tree!(self, t => t.adaptive.model())
+        with_tree!(self, t => t.adaptive.model(), _h => Model::default())
     }
 
     /// Pool facts and engine counters.
     pub fn stat(&self) -> Stat {
-        with_tree!(self, t => self.stat_of(t))
+        with_tree!(self, t => self.stat_of(t), h => self.stat_of_hash(h))
     }
 
-    fn stat_of<L: crate::tree::leaf::LeafFormat>(&self, tree: &Tree<S, L>) -> Stat {
-        use std::sync::atomic::Ordering::Relaxed;
-        let st = &tree.stats;
-        let uuid = self.header.uuid.iter().map(|b| format!("{b:02x}")).collect();
+    fn stat_of_hash(&self, h: &HashEngine<S>) -> Stat {
         Stat {
-            path: tree.path.display().to_string(),
+            path: h.path.display().to_string(),
             format_version: self.header.version,
-            uuid,
+            uuid: self.uuid(),
             size_bytes: self.pool_size(),
             used_bytes: self.used_bytes(),
             mapping: self.space().mapping().as_str(),
             flush: self.space().flush_kind().as_str(),
             clean_shutdown: self.was_clean,
+            engine: EngineKind::Hash.as_str(),
+            leaf_format: "none",
+            node_size: 0,
+            keys: self.len(),
+            leaves: 0,
+            hash_depth: Some(h.table.depth()),
+            last_recovery: self.recovery,
+            splits: 0,
+            replaces: 0,
+            merges: 0,
+            rebuilds: 0,
+            rebuild_ms: 0.0,
+            last_commit_ts: 0,
+            oldest_snapshot: None,
+            snapshots: 0,
+            commits: 0,
+            multi_leaf_commits: 0,
+            conflicts: 0,
+        }
+    }
+
+    fn uuid(&self) -> String {
+        self.header.uuid.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    fn stat_of<L: crate::tree::leaf::LeafFormat>(&self, tree: &Tree<S, L>) -> Stat {
+        use std::sync::atomic::Ordering::Relaxed;
+        let st = &tree.stats;
+        Stat {
+            path: tree.path.display().to_string(),
+            format_version: self.header.version,
+            uuid: self.uuid(),
+            size_bytes: self.pool_size(),
+            used_bytes: self.used_bytes(),
+            mapping: self.space().mapping().as_str(),
+            flush: self.space().flush_kind().as_str(),
+            clean_shutdown: self.was_clean,
+            engine: EngineKind::Tree.as_str(),
             leaf_format: self.header.leaf_format.as_str(),
             node_size: self.header.node_size,
             keys: self.len(),
             leaves: tree.index.load().entries().iter().filter(|e| e.leaf.off != 0).count() as u64,
+            hash_depth: None,
             last_recovery: self.recovery,
             splits: st.splits.load(Relaxed),
             replaces: st.replaces.load(Relaxed),
@@ -404,20 +484,22 @@ impl<S: Space> Db<S> {
 
     /// The value stored for `key`.
     pub fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
-        crate::tree::check_key(key)?;
-        with_tree!(self, t => t.get(key))
+        with_tree!(self, t => {
+            crate::tree::check_key(key)?;
+            t.get(key)
+        }, h => h.get(key))
     }
 
     /// Stores `value` under `key`; durable when it returns.
     pub fn put(&self, key: &[u8], value: &[u8]) -> Result<()> {
         self.writable()?;
-        with_tree!(self, t => t.put(key, value))
+        with_tree!(self, t => t.put(key, value), h => h.put(key, value))
     }
 
     /// Removes `key`; returns whether it was there. Durable when it returns.
     pub fn delete(&self, key: &[u8]) -> Result<bool> {
         self.writable()?;
-        with_tree!(self, t => t.delete(key))
+        with_tree!(self, t => t.delete(key), h => h.delete(key))
     }
 
     /// Pairs with keys in `range`, in key order.
@@ -453,12 +535,13 @@ impl<S: Space> Db<S> {
         match &self.engine {
             Engine::Nv(t) => Iter::Nv(t.range(lo, hi, reverse)),
             Engine::Isle(t) => Iter::Isle(t.range(lo, hi, reverse)),
+            Engine::Hash(h) => Iter::Hash(h.range(lo, hi, reverse)),
         }
     }
 
     /// Number of keys.
     pub fn len(&self) -> u64 {
-        with_tree!(self, t => t.len())
+        with_tree!(self, t => t.len(), h => h.len())
     }
 
     pub fn is_empty(&self) -> bool {
@@ -472,15 +555,21 @@ impl<S: Space> Db<S> {
     /// is an [`Error::Corrupt`] with its offset; from then on this `Db`
     /// refuses writes.
     pub fn validate(&self) -> Result<()> {
-        with_tree!(self, t => t.validate_leaves())
+        with_tree!(self, t => t.validate_leaves(), h => h.validate())
     }
 
     /// Verifies every invariant without writing (`nvstore check`).
     pub fn check(&self) -> CheckReport {
-        with_tree!(self, t => check::check(t, &self.header))
+        with_tree!(self, t => check::check(t, &self.header), h => h.check(&self.header))
     }
 
-    /// The pool's leaf format.
+    /// The pool's engine.
+    pub fn engine(&self) -> EngineKind {
+        self.header.engine
+    }
+
+    /// The pool's leaf format ([`LeafKind::Nv`] on a hash pool, which has
+    /// no leaves: check [`Db::engine`] first).
     pub fn leaf_format(&self) -> LeafKind {
         self.header.leaf_format
     }
@@ -494,22 +583,23 @@ impl<S: Space> Db<S> {
                  (nvstore create POOL --leaf nv)",
                 Isle::NAME
             ))),
+            Engine::Hash(_) => Err(hash_engine::unsupported("snapshots, transactions and write batches")),
         }
     }
 
     /// The commit-timestamp clock.
     pub fn clock(&self) -> &crate::tree::mvcc::Clock {
-        with_tree!(self, t => &t.clock)
+        with_tree!(self, t => &t.clock, h => &h.clock)
     }
 
     /// Structural counters of the tree.
     pub fn tree_stats(&self) -> &TreeStats {
-        with_tree!(self, t => &t.stats)
+        with_tree!(self, t => &t.stats, h => &h.stats)
     }
 
     /// Every leaf offset in chain order, with its element count.
     pub fn leaf_offsets(&self) -> Vec<(u64, u64)> {
-        with_tree!(self, t => t.leaf_offsets())
+        with_tree!(self, t => t.leaf_offsets(), _h => Vec::new())
     }
 
     /// The leaves the inner index routes to: offset, size, element count.
@@ -521,13 +611,13 @@ impl<S: Space> Db<S> {
             .entries()
             .iter()
             .map(|e| (e.leaf.off, e.leaf.size, e.leaf.durable.load(Acquire)))
-            .collect())
+            .collect(), _h => Vec::new())
     }
 
     /// Installs (or removes) the split hook. For crash tests only.
     #[doc(hidden)]
     pub fn set_split_hook(&self, hook: Option<SplitHook>) {
-        with_tree!(self, t => t.set_split_hook(hook))
+        with_tree!(self, t => t.set_split_hook(hook), _h => drop(hook))
     }
 
     /// How the pool was recovered when opened.
@@ -551,16 +641,20 @@ impl<S: Space> Db<S> {
     }
 
     pub fn space(&self) -> &S {
-        with_tree!(self, t => &t.space)
+        self.space_arc()
     }
 
     fn space_arc(&self) -> &Arc<S> {
-        with_tree!(self, t => &t.space)
+        with_tree!(self, t => &t.space, h => &h.space)
+    }
+
+    fn alloc(&self) -> &Allocator {
+        with_tree!(self, t => &t.alloc, h => &h.alloc)
     }
 
     /// Bytes of the pool in allocated blocks (plus the header area).
     pub fn used_bytes(&self) -> u64 {
-        with_tree!(self, t => t.alloc.used_bytes()) + self.header.data_start
+        self.alloc().used_bytes() + self.header.data_start
     }
 
     pub fn pool_size(&self) -> u64 {
@@ -595,7 +689,7 @@ impl<S: Space> Db<S> {
             return Ok(());
         }
         // Let deferred frees run where they can; unreclaimed ones are saved as free.
-        with_tree!(self, t => recovery::save_clean(t))
+        with_tree!(self, t => recovery::save_clean(t), h => h.close_clean())
     }
 }
 
@@ -605,10 +699,11 @@ impl<S: Space> Drop for Db<S> {
     }
 }
 
-/// A range iterator over a pool of either leaf format.
+/// A range iterator over a pool of any engine.
 pub enum Iter<S: Space> {
     Nv(RangeIter<S, Nv>),
     Isle(RangeIter<S, Isle>),
+    Hash(HashIter<S>),
 }
 
 /// As an `Iterator` of pairs, an `Iter` ends early at a damaged leaf and
@@ -620,6 +715,7 @@ impl<S: Space> Iterator for Iter<S> {
         match self {
             Iter::Nv(i) => i.next(),
             Iter::Isle(i) => i.next(),
+            Iter::Hash(i) => i.next(),
         }
     }
 }
@@ -630,6 +726,7 @@ impl<S: Space> Iter<S> {
         match self {
             Iter::Nv(i) => i.error(),
             Iter::Isle(i) => i.error(),
+            Iter::Hash(_) => None,
         }
     }
 
@@ -638,6 +735,7 @@ impl<S: Space> Iter<S> {
         match self {
             Iter::Nv(i) => i.next_checked(),
             Iter::Isle(i) => i.next_checked(),
+            Iter::Hash(i) => i.next().map(Ok),
         }
     }
 

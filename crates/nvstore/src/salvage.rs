@@ -92,6 +92,11 @@ pub fn read(path: &Path) -> Result<Salvaged> {
     };
     let s = FileSpace::open(path, &opts)?;
     let h = Header::read(&s, path)?;
+    if h.engine == header::EngineKind::Hash {
+        return Err(crate::Error::Unsupported(
+            "salvage reads leaves; a hash pool has none (dump or scan it instead)".into(),
+        ));
+    }
     let (records, report) = read_space(&s, &h);
     Ok(Salvaged {
         leaf: h.leaf_format,

@@ -1,11 +1,14 @@
-//! Model tests: the tree against a BTreeMap (proptest), including range,
+//! Model tests: each engine against a BTreeMap (proptest), including range,
 //! prefix and reverse edge cases, empty and large values, and reopening.
+//! The same operations run on tree pools and on hash pools; on a hash pool
+//! write batches and snapshots must be refused (`Error::Unsupported`) and
+//! leave the pool unchanged.
 
 use std::collections::BTreeMap;
 use std::ops::Bound as RB;
 
 use nvstore::pmem::SimSpace;
-use nvstore::{Db, Options};
+use nvstore::{Db, EngineKind, Error, Options};
 use proptest::prelude::*;
 
 #[derive(Clone, Debug)]
@@ -81,16 +84,19 @@ fn model_range(
     v
 }
 
-fn small_opts() -> Options {
+fn small_opts(engine: EngineKind) -> Options {
     Options {
         node_size: 256,
         size: 4 << 20,
+        engine,
         ..Options::default()
     }
 }
 
-fn run(ops: Vec<Op>) {
-    let mut db = Db::create_in(SimSpace::new(4 << 20), "model".as_ref(), &small_opts()).unwrap();
+fn run(engine: EngineKind, ops: Vec<Op>) {
+    let hash = engine == EngineKind::Hash;
+    let mut db = Db::create_in(SimSpace::new(4 << 20), "model".as_ref(), &small_opts(engine)).unwrap();
+    assert_eq!(db.engine(), engine);
     let mut m = BTreeMap::new();
     // Open snapshots: (operations left, model at the snapshot, its contents
     // read when taken); checked again when the countdown ends.
@@ -121,6 +127,23 @@ fn run(ops: Vec<Op>) {
                     .map(|(k, v)| (k.clone(), v.clone()))
                     .collect();
                 assert_eq!(got, want);
+                let mut rev: Vec<_> = db.prefix_rev(&p).collect();
+                rev.reverse();
+                assert_eq!(rev, want, "prefix_rev {p:?}");
+            }
+            Op::Batch(w) if hash => {
+                let mut b = nvstore::WriteBatch::new();
+                for (k, v) in &w {
+                    match v {
+                        Some(v) => b.put(k, v),
+                        None => b.delete(k),
+                    }
+                }
+                assert!(matches!(db.write_batch(b), Err(Error::Unsupported(_))));
+            }
+            Op::Snapshot(_) if hash => {
+                assert!(matches!(db.snapshot(), Err(Error::Unsupported(_))));
+                assert!(matches!(db.begin(), Err(Error::Unsupported(_))));
             }
             Op::Batch(w) => {
                 let mut b = nvstore::WriteBatch::new();
@@ -146,7 +169,14 @@ fn run(ops: Vec<Op>) {
                 snaps.clear(); // snapshots do not outlive the open pool
                 let space = db.close_into_space().unwrap();
                 db = Db::open_space(SimSpace::from_image(space.current_image()), "model".as_ref()).unwrap();
-                assert_eq!(db.recovery().kind, nvstore::RecoveryKind::Instant);
+                // A hash pool saves nothing at close: it rebuilds its index at every open.
+                let want = if hash {
+                    nvstore::RecoveryKind::Rebuild
+                } else {
+                    nvstore::RecoveryKind::Instant
+                };
+                assert_eq!(db.recovery().kind, want);
+                assert!(db.stat().clean_shutdown);
             }
             Op::Crash => {
                 snaps.clear();
@@ -186,6 +216,11 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
     #[test]
     fn tree_matches_btreemap(ops in proptest::collection::vec(op(), 1..600)) {
-        run(ops);
+        run(EngineKind::Tree, ops);
+    }
+
+    #[test]
+    fn hash_matches_btreemap(ops in proptest::collection::vec(op(), 1..600)) {
+        run(EngineKind::Hash, ops);
     }
 }

@@ -18,7 +18,7 @@ use super::workload::{phase_of, Gen, Model, Op, Phase};
 use super::{campaign_thread, panic_msg, Config, Report};
 use crate::db::{Db, Options};
 use crate::error::Result;
-use crate::format::header::LeafKind;
+use crate::format::header::{EngineKind, LeafKind};
 use crate::format::leaf_nv;
 use crate::pmem::{SimSpace, Space};
 use crate::recovery::RecoveryKind;
@@ -370,7 +370,11 @@ impl<'c> Campaign<'c> {
             op_index: 0,
             seq: 0,
             report: Report {
-                leaf: cfg.leaf.as_str().into(),
+                engine: cfg.engine.as_str().into(),
+                leaf: match cfg.engine {
+                    EngineKind::Tree => cfg.leaf.as_str().into(),
+                    EngineKind::Hash => "none".into(),
+                },
                 ops: cfg.ops,
                 seed: cfg.seed,
                 threads: cfg.threads,
@@ -394,6 +398,7 @@ impl<'c> Campaign<'c> {
             node_size: self.cfg.node_size,
             size: self.cfg.pool_size,
             leaf: self.cfg.leaf,
+            engine: self.cfg.engine,
             adaptive: self.cfg.adaptive,
             ..Options::default()
         }
@@ -487,8 +492,9 @@ impl<'c> Campaign<'c> {
     /// acknowledged operation is durable); after a clean close the
     /// recovery must also be instant.
     fn submit_acked(&mut self, data: Vec<u8>, g: u64, what: &str, closed: bool) {
+        // A hash pool saves nothing at close: every open rebuilds its index.
         let allowed = Allowed {
-            instant: closed,
+            instant: closed && self.cfg.engine == EngineKind::Tree,
             ..Allowed::exactly(self.model.clone())
         };
         let img = Image {
@@ -644,7 +650,11 @@ impl<'c> Campaign<'c> {
     /// Clean close, then instant reopen of the current bytes with capture on.
     fn reopen_clean(&mut self, g: u64) {
         if let Some(current) = self.close_clean(g) {
-            self.reopen_main(g, current, "instant reopen", RecoveryKind::Instant);
+            let kind = match self.cfg.engine {
+                EngineKind::Tree => RecoveryKind::Instant,
+                EngineKind::Hash => RecoveryKind::Rebuild,
+            };
+            self.reopen_main(g, current, "clean reopen", kind);
         }
     }
 

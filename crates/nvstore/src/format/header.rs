@@ -63,6 +63,45 @@ const _: () = assert!(CALIBRATION_OFF + 16 == 2 * LINE);
 /// Smallest file that can hold a header.
 pub const MIN_FILE: u64 = 2 * LINE;
 
+/// Hash pools: the root word of the hash table (the offset of its
+/// directory), the first word of line 2, inside the header area.
+pub const HASH_ROOT_OFF: u64 = 2 * LINE;
+
+/// The value of the leaf-format word that marks a pool of the hash engine
+/// (no leaves). Builds from before the hash engine refuse such a pool as
+/// having an unknown leaf format instead of misreading it.
+pub const HASH_ENGINE_WORD: u32 = 3;
+
+/// The engine a pool is created with: the NV-Tree (leaves of one
+/// [`LeafKind`]) or the hash table with its ordered DRAM index.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EngineKind {
+    #[default]
+    Tree,
+    Hash,
+}
+
+impl EngineKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EngineKind::Tree => "tree",
+            EngineKind::Hash => "hash",
+        }
+    }
+}
+
+impl std::str::FromStr for EngineKind {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "tree" => Ok(EngineKind::Tree),
+            "hash" => Ok(EngineKind::Hash),
+            _ => Err(format!("unknown engine '{s}' (expected tree or hash)")),
+        }
+    }
+}
+
 /// Leaf formats a pool can be created with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -104,6 +143,11 @@ pub struct Header {
     pub version: u32,
     pub flags: u32,
     pub uuid: [u8; 16],
+    /// The engine: a hash pool stores [`HASH_ENGINE_WORD`] in the
+    /// leaf-format word.
+    pub engine: EngineKind,
+    /// Tree pools: the leaf format. Hash pools have no leaves; it reads as
+    /// [`LeafKind::Nv`] there and nothing uses it.
     pub leaf_format: LeafKind,
     pub node_size: u32,
     pub chunk_size: u64,
@@ -118,7 +162,11 @@ impl Header {
         put(&mut b, VERSION_OFF, &self.version.to_le_bytes());
         put(&mut b, FLAGS_OFF, &self.flags.to_le_bytes());
         put(&mut b, UUID_OFF, &self.uuid);
-        put(&mut b, LEAF_FORMAT_OFF, &(self.leaf_format as u32).to_le_bytes());
+        let word = match self.engine {
+            EngineKind::Tree => self.leaf_format as u32,
+            EngineKind::Hash => HASH_ENGINE_WORD,
+        };
+        put(&mut b, LEAF_FORMAT_OFF, &word.to_le_bytes());
         put(&mut b, NODE_SIZE_OFF, &self.node_size.to_le_bytes());
         put(&mut b, CHUNK_SIZE_OFF, &self.chunk_size.to_le_bytes());
         put(&mut b, DATA_START_OFF, &self.data_start.to_le_bytes());
@@ -171,12 +219,18 @@ impl Header {
             off: None,
             what,
         };
-        let leaf_format = LeafKind::from_u32(u32_at(LEAF_FORMAT_OFF))
-            .ok_or_else(|| corrupt(format!("unknown leaf format {}", u32_at(LEAF_FORMAT_OFF))))?;
+        let (engine, leaf_format) = match u32_at(LEAF_FORMAT_OFF) {
+            HASH_ENGINE_WORD => (EngineKind::Hash, LeafKind::Nv),
+            w => (
+                EngineKind::Tree,
+                LeafKind::from_u32(w).ok_or_else(|| corrupt(format!("unknown leaf format {w}")))?,
+            ),
+        };
         let h = Header {
             version,
             flags: u32_at(FLAGS_OFF),
             uuid: b[UUID_OFF as usize..UUID_OFF as usize + 16].try_into().unwrap(),
+            engine,
             leaf_format,
             node_size: u32_at(NODE_SIZE_OFF),
             chunk_size: u64_at(CHUNK_SIZE_OFF),
@@ -259,6 +313,7 @@ mod tests {
             version: VERSION,
             flags: 0,
             uuid: [7; 16],
+            engine: EngineKind::Tree,
             leaf_format: LeafKind::Nv,
             node_size: 1024,
             chunk_size: 65536,
@@ -323,6 +378,18 @@ mod tests {
                 Err(Error::WrongVersion { found, .. }) if found == v
             ));
         }
+    }
+
+    #[test]
+    fn hash_engine_round_trips_in_the_leaf_format_word() {
+        let s = SimSpace::new(4 * 65536);
+        let h = Header {
+            engine: EngineKind::Hash,
+            ..sample()
+        };
+        h.create(&s, 4 * 65536);
+        assert_eq!(s.read_u64(LEAF_FORMAT_OFF) as u32, HASH_ENGINE_WORD);
+        assert_eq!(Header::read(&s, Path::new("t")).unwrap(), h);
     }
 
     #[test]

@@ -115,10 +115,12 @@ impl<V: Clone + Send + Sync + 'static> Index<V> {
         self.len.load(Ordering::Acquire)
     }
 
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
+    #[cfg(test)]
     pub fn get(&self, key: &[u8]) -> Option<V> {
         let root = self.root.load_full();
         let mut node: &Node<V> = &root;
@@ -293,6 +295,7 @@ impl<V: Clone + Send + Sync + 'static> Index<V> {
         Iter::new(self.root.load_full(), lo, hi, true)
     }
 
+    #[cfg(test)]
     /// Entries whose key starts with `prefix`, ascending.
     pub fn prefix(&self, prefix: &[u8]) -> Iter<V> {
         let end = prefix_end(prefix);
@@ -377,6 +380,7 @@ impl<V: Clone + Send + Sync + 'static> Index<V> {
     }
 }
 
+#[cfg(test)]
 /// The least key greater than every key starting with `p` (None: no bound).
 fn prefix_end(p: &[u8]) -> Option<Vec<u8>> {
     let mut end = p.to_vec();

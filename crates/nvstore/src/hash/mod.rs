@@ -48,12 +48,13 @@
 //!
 //! See [`index::Index`]: a concurrent B+-tree in DRAM, rebuilt from the
 //! table at open.
+//!
+//! # As an engine of `Db` (`engine.rs`)
+//!
+//! Chosen per pool at creation (`Options::engine`, `nvstore create POOL
+//! --engine hash`); see [`engine::HashEngine`].
 
-#![allow(
-    dead_code,
-    reason = "the engine is not wired into Db yet; until then only its tests use all of it"
-)]
-
+pub(crate) mod engine;
 pub(crate) mod index;
 pub(crate) mod layout;
 pub(crate) mod points;

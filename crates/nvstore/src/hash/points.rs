@@ -1,27 +1,21 @@
-//! Named persistence points of the hash table (see `pmem/points.rs`): every
-//! flush and fence it issues. [`ALL`] joins `pmem::points::ALL` when the
-//! table is wired into the pool.
+//! Named persistence points of the hash table: every flush and fence it
+//! issues. They are defined with every other point in `pmem/points.rs` (so
+//! `crashtest --list-points` and the dropped-point self-test see them);
+//! here under their short names.
 
+use crate::pmem::points as pp;
+#[cfg(test)]
 use crate::pmem::Point;
 
-/// Out-of-line key/value bytes, flushed before the slot that refers to them
-/// (the slot's fence orders both).
-pub const BLOB_FLUSH: Point = Point::new("hash.blob.flush");
-/// A new entry written into a free slot, before the bucket header names it.
-pub const SLOT_FLUSH: Point = Point::new("hash.slot.flush");
-pub const SLOT_FENCE: Point = Point::new("hash.slot.fence");
-/// The bucket header word: the one 8-byte store that publishes an insert,
-/// an update (new slot set, old slot cleared) or a delete.
-pub const BUCKET_FLUSH: Point = Point::new("hash.bucket.flush");
-pub const BUCKET_FENCE: Point = Point::new("hash.bucket.fence");
-/// Split: the two new segments and the new directory, before the root swap.
-pub const SEGMENT_FLUSH: Point = Point::new("hash.segment.flush");
-pub const DIR_FLUSH: Point = Point::new("hash.dir.flush");
-pub const SPLIT_FENCE: Point = Point::new("hash.split.fence");
-/// The root word that swaps a new directory in (creation and every split).
-pub const ROOT_FLUSH: Point = Point::new("hash.root.flush");
-pub const ROOT_FENCE: Point = Point::new("hash.root.fence");
+pub use pp::{
+    HASH_BLOB_FLUSH as BLOB_FLUSH, HASH_BUCKET_FENCE as BUCKET_FENCE, HASH_BUCKET_FLUSH as BUCKET_FLUSH,
+    HASH_DIR_FLUSH as DIR_FLUSH, HASH_ROOT_FENCE as ROOT_FENCE, HASH_ROOT_FLUSH as ROOT_FLUSH,
+    HASH_SEGMENT_FLUSH as SEGMENT_FLUSH, HASH_SLOT_FENCE as SLOT_FENCE, HASH_SLOT_FLUSH as SLOT_FLUSH,
+    HASH_SPLIT_FENCE as SPLIT_FENCE,
+};
 
+/// The hash table's points.
+#[cfg(test)]
 pub const ALL: &[Point] = &[
     BLOB_FLUSH,
     SLOT_FLUSH,

@@ -34,6 +34,8 @@ pub struct Scan {
     state: State,
     /// The directory, every segment and every blob of a published slot.
     pub reachable: BTreeSet<u64>,
+    /// Blobs among them.
+    pub blobs: u64,
 }
 
 impl Scan {
@@ -148,6 +150,7 @@ impl<S: Space> HashTable<S> {
             j += span;
         }
         let mut len = 0;
+        let mut blobs = 0;
         let mut max_version = 0;
         for (seg, local, pattern) in segments {
             let mut newest: HashMap<Vec<u8>, u64> = HashMap::new();
@@ -167,6 +170,7 @@ impl<S: Space> HashTable<S> {
                         if !reachable.insert(words[1]) {
                             return Err(corrupt(format!("blob {} is referenced twice", words[1])));
                         }
+                        blobs += 1;
                     }
                     let key = slot_key(space, &words, meta);
                     let h = l::hash(&key);
@@ -191,6 +195,7 @@ impl<S: Space> HashTable<S> {
                 next_version: max_version + 1,
             },
             reachable,
+            blobs,
         })
     }
 
@@ -208,10 +213,6 @@ impl<S: Space> HashTable<S> {
     /// Number of distinct keys.
     pub fn len(&self) -> u64 {
         self.state.read().len
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 
     /// Global depth of the directory (for tests and `stat`).
@@ -335,11 +336,18 @@ impl<S: Space> HashTable<S> {
         }
     }
 
+    /// The table read back from the pool and validated, as at open (for
+    /// `check` and `validate`; writers wait meanwhile).
+    pub fn scan(&self) -> Result<Scan> {
+        let _st = self.state.read();
+        Self::recover(&*self.space, self.root_off, &self.path)
+    }
+
     /// Every block the table references, read back from the pool (for the
     /// allocator's `verify`).
+    #[cfg(test)]
     pub fn reachable(&self) -> Result<BTreeSet<u64>> {
-        let _st = self.state.read();
-        Ok(Self::recover(&*self.space, self.root_off, &self.path)?.reachable)
+        Ok(self.scan()?.reachable)
     }
 
     /// Published slots holding `key` in its probe window.

@@ -68,6 +68,23 @@ points! {
     /// Clean shutdown: the saved index and free lists, before the clean flag
     /// (whose own fence orders this flush).
     SHUTDOWN_STATE_FLUSH = "shutdown.state.flush";
+    /// Hash pools (`hash/table.rs`): out-of-line key/value bytes, flushed
+    /// before the slot that refers to them (the slot's fence orders both).
+    HASH_BLOB_FLUSH = "hash.blob.flush";
+    /// Hash: a new entry written into a free slot, before the bucket header names it.
+    HASH_SLOT_FLUSH = "hash.slot.flush";
+    HASH_SLOT_FENCE = "hash.slot.fence";
+    /// Hash: the bucket header word, the one 8-byte store that publishes an
+    /// insert, an update (new slot set, old slot cleared) or a delete.
+    HASH_BUCKET_FLUSH = "hash.bucket.flush";
+    HASH_BUCKET_FENCE = "hash.bucket.fence";
+    /// Hash split: the two new segments and the new directory, before the root swap.
+    HASH_SEGMENT_FLUSH = "hash.segment.flush";
+    HASH_DIR_FLUSH = "hash.dir.flush";
+    HASH_SPLIT_FENCE = "hash.split.fence";
+    /// Hash: the root word that swaps a new directory in (creation and every split).
+    HASH_ROOT_FLUSH = "hash.root.flush";
+    HASH_ROOT_FENCE = "hash.root.fence";
 }
 
 /// Calibration of the adaptive model (`tree::adaptive::calibrate`): writes

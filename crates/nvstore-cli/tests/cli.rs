@@ -709,6 +709,67 @@ fn check_json_is_ok_on_a_healthy_pool() {
     assert_eq!(out.lines().last(), Some("ok"));
 }
 
+// ---------------------------------------------------------------- engines
+
+/// A hash pool answers put, get, del, scan --prefix, dump and check as a
+/// tree pool does, and stat names each pool's engine.
+#[test]
+fn a_hash_pool_answers_like_a_tree_pool() {
+    let d = tmpdir();
+    let tree = create(&d, "t.nvs");
+    let hash = d.path().join("h.nvs");
+    nv([
+        OsStr::new("create"),
+        os(&hash),
+        OsStr::new("--engine"),
+        OsStr::new("hash"),
+    ])
+    .ok();
+    let pairs = [
+        ("apple", "red"),
+        ("apricot", "orange"),
+        ("banana", "yellow"),
+        ("a-key-longer-than-eight-bytes", "and a value longer than eight bytes"),
+        ("", "empty key"),
+    ];
+    for p in [&tree, &hash] {
+        for (k, v) in pairs {
+            put(p, k, v);
+        }
+        put(p, "apple", "green");
+        nv([OsStr::new("del"), os(p), OsStr::new("banana")]).ok();
+    }
+    let same = |args: &[&str]| {
+        let run = |p: &Path| {
+            let mut a: Vec<&OsStr> = vec![OsStr::new(args[0]), os(p)];
+            a.extend(args[1..].iter().map(OsStr::new));
+            let r = nv(a);
+            (r.code, r.out())
+        };
+        let (t, h) = (run(&tree), run(&hash));
+        assert_eq!(t, h, "{args:?} differs between the engines");
+        t.1
+    };
+    assert_eq!(same(&["get", "apple"]), "green\n");
+    same(&["get", "banana"]);
+    assert_eq!(keys_of(&same(&["scan", "--prefix", "ap"])), ["apple", "apricot"]);
+    same(&["scan", "--reverse"]);
+    same(&["scan", "--from", "a", "--to", "b", "--count"]);
+    let dump = same(&["dump"]);
+    assert_eq!(dump.lines().count(), 4, "{dump}");
+    nv([OsStr::new("check"), os(&hash)]).ok();
+    let engine = |p: &Path| json(&nv([OsStr::new("stat"), os(p), OsStr::new("--json")]).ok())["engine"].clone();
+    assert_eq!(engine(&tree), "tree");
+    assert_eq!(engine(&hash), "hash");
+    nv([
+        OsStr::new("create"),
+        os(&d.path().join("x.nvs")),
+        OsStr::new("--engine"),
+        OsStr::new("btree"),
+    ])
+    .error(None, "unknown engine");
+}
+
 // ---------------------------------------------------------------- crashtest
 
 #[test]
@@ -721,6 +782,7 @@ fn crashtest_lists_points_and_wires_the_campaign() {
     nv(["crashtest", "--leaf", "fptree"]).error(None, "unknown leaf format");
     nv(["crashtest", "--leaf", "isle", "--txn"]).error(None, "--txn needs --leaf nv");
     nv(["crashtest", "--drop", "no.such.point"]).error(None, "unknown persistence point");
+    nv(["crashtest", "--engine", "hash", "--txn"]).error(None, "--txn needs a tree pool");
 
     let r = nv(["crashtest", "--ops", "20", "--seed", "3", "--json"]);
     let v = json(&r);

@@ -77,7 +77,7 @@ impl Store {
             db.validate()?;
         }
         let db = Db::open(path, opts)?;
-        db.nv_tree()?;
+        db.supports_versions()?;
         Ok(Store { db })
     }
 

@@ -105,6 +105,23 @@ macro_rules! with_tree {
     };
 }
 
+/// Declares `Db`'s test hooks: `pub` with the `testing` feature, crate-private
+/// (and allowed to be unused) without it.
+macro_rules! hooks {
+    ($($(#[$m:meta])* fn $name:ident $sig:tt $(-> $ret:ty)? $body:block)*) => {
+        $(
+            #[cfg(feature = "testing")]
+            $(#[$m])*
+            pub fn $name $sig $(-> $ret)? $body
+
+            #[cfg(not(feature = "testing"))]
+            $(#[$m])*
+            #[allow(dead_code, reason = "a test hook, public with the testing feature")]
+            pub(crate) fn $name $sig $(-> $ret)? $body
+        )*
+    };
+}
+
 /// An open pool.
 pub struct Db<S: Space = FileSpace> {
     engine: Engine<S>,
@@ -113,6 +130,17 @@ pub struct Db<S: Space = FileSpace> {
     /// Whether the pool had been shut down cleanly when it was opened.
     was_clean: bool,
     closed: bool,
+}
+
+/// A leaf as [`Db::leaves`] reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct LeafInfo {
+    /// Offset of the leaf in the pool.
+    pub offset: u64,
+    /// Its node size in bytes.
+    pub size_bytes: u64,
+    /// Elements appended to it (live, superseded and deletion markers).
+    pub elements: u64,
 }
 
 /// What `nvstore stat` reports.
@@ -137,6 +165,14 @@ pub struct Stat {
     pub merges: u64,
     pub rebuilds: u64,
     pub rebuild_ms: f64,
+    /// Adaptivity: leaves rewritten larger / smaller than the leaf they
+    /// replaced, and parent-of-leaf nodes given a larger limit at rebuild.
+    pub leaves_enlarged: u64,
+    pub leaves_shrunk: u64,
+    pub hot_plns: u64,
+    /// Largest and mean leaf size in bytes (adaptivity changes them).
+    pub largest_leaf_bytes: u64,
+    pub mean_leaf_bytes: f64,
     /// Newest commit timestamp visible now.
     pub last_commit_ts: u64,
     /// Timestamp of the oldest live snapshot (or transaction), if any:
@@ -365,6 +401,11 @@ impl<S: Space> Db<S> {
     fn stat_of<L: crate::tree::leaf::LeafFormat>(&self, tree: &Tree<S, L>) -> Stat {
         use std::sync::atomic::Ordering::Relaxed;
         let st = &tree.stats;
+        let ad = &tree.adaptive;
+        let sizes: Vec<u64> = (tree.index.load().entries().iter())
+            .filter(|e| e.leaf.off != 0)
+            .map(|e| e.leaf.size)
+            .collect();
         let uuid = self.header.uuid.iter().map(|b| format!("{b:02x}")).collect();
         Stat {
             path: tree.path.display().to_string(),
@@ -378,13 +419,18 @@ impl<S: Space> Db<S> {
             leaf_format: self.header.leaf_format.as_str(),
             node_size: self.header.node_size,
             keys: self.len(),
-            leaves: tree.index.load().entries().iter().filter(|e| e.leaf.off != 0).count() as u64,
+            leaves: sizes.len() as u64,
             last_recovery: self.recovery,
             splits: st.splits.load(Relaxed),
             replaces: st.replaces.load(Relaxed),
             merges: st.merges.load(Relaxed),
             rebuilds: st.rebuilds.load(Relaxed),
             rebuild_ms: st.rebuild_ns.load(Relaxed) as f64 / 1e6,
+            leaves_enlarged: ad.enlarged.load(Relaxed),
+            leaves_shrunk: ad.shrunk.load(Relaxed),
+            hot_plns: ad.hot_plns.load(Relaxed),
+            largest_leaf_bytes: sizes.iter().copied().max().unwrap_or(0),
+            mean_leaf_bytes: sizes.iter().sum::<u64>() as f64 / sizes.len().max(1) as f64,
             last_commit_ts: tree.clock.last(),
             oldest_snapshot: tree.clock.oldest_snapshot(),
             snapshots: tree.clock.snapshots() as u64,
@@ -485,73 +531,98 @@ impl<S: Space> Db<S> {
         self.header.leaf_format
     }
 
-    /// The tree of an nv pool; snapshots and transactions work on it.
-    pub fn nv_tree(&self) -> Result<&Arc<Tree<S, Nv>>> {
-        match &self.engine {
-            Engine::Nv(t) => Ok(t),
-            Engine::Isle(_) => Err(Error::Unsupported(format!(
-                "{} leaves keep no versions: snapshots, transactions and write batches need an nv pool \
-                 (nvstore create POOL --leaf nv)",
-                Isle::NAME
-            ))),
-        }
-    }
-
-    /// The commit-timestamp clock.
-    pub fn clock(&self) -> &crate::tree::mvcc::Clock {
-        with_tree!(self, t => &t.clock)
-    }
-
-    /// Structural counters of the tree.
-    pub fn tree_stats(&self) -> &TreeStats {
-        with_tree!(self, t => &t.stats)
-    }
-
-    /// Every leaf offset in chain order, with its element count.
-    pub fn leaf_offsets(&self) -> Vec<(u64, u64)> {
-        with_tree!(self, t => t.leaf_offsets())
-    }
-
-    /// The leaves the inner index routes to: offset, size, element count.
-    pub fn index_leaves(&self) -> Vec<(u64, u64, u64)> {
-        use std::sync::atomic::Ordering::Acquire;
-        with_tree!(self, t => t
-            .index
-            .load()
-            .entries()
-            .iter()
-            .map(|e| (e.leaf.off, e.leaf.size, e.leaf.durable.load(Acquire)))
-            .collect())
-    }
-
-    /// Installs (or removes) the split hook. For crash tests only.
-    #[doc(hidden)]
-    pub fn set_split_hook(&self, hook: Option<SplitHook>) {
-        with_tree!(self, t => t.set_split_hook(hook))
-    }
-
     /// How the pool was recovered when opened.
     pub fn recovery(&self) -> Recovery {
         self.recovery
     }
 
-    pub fn header(&self) -> &Header {
-        &self.header
+    /// `Ok` when the pool keeps versions, so snapshots, transactions and
+    /// write batches work on it; otherwise `Error::Unsupported` saying why.
+    pub fn supports_versions(&self) -> Result<()> {
+        self.nv_tree().map(|_| ())
     }
 
-    /// The tree of an nv pool.
-    ///
-    /// # Panics
-    /// On a pool of another leaf format ([`Db::nv_tree`] says why).
-    pub fn tree(&self) -> &Arc<Tree<S, Nv>> {
-        match self.nv_tree() {
-            Ok(t) => t,
-            Err(e) => panic!("{e}"),
+    /// Every leaf the inner index routes to, in key order.
+    pub fn leaves(&self) -> Vec<LeafInfo> {
+        self.index_leaves()
+            .into_iter()
+            .filter(|&(off, _, _)| off != 0)
+            .map(|(offset, size_bytes, elements)| LeafInfo {
+                offset,
+                size_bytes,
+                elements,
+            })
+            .collect()
+    }
+
+    // Test hooks: the tree, its clock and counters, the raw space, the
+    // header and the split hook. Public under the `testing` feature (this
+    // crate's integration tests), crate-private otherwise.
+    hooks! {
+        /// The tree of an nv pool; snapshots and transactions work on it.
+        fn nv_tree(&self) -> Result<&Arc<Tree<S, Nv>>> {
+            match &self.engine {
+                Engine::Nv(t) => Ok(t),
+                Engine::Isle(_) => Err(Error::Unsupported(format!(
+                    "{} leaves keep no versions: snapshots, transactions and write batches need an nv pool \
+                     (nvstore create POOL --leaf nv)",
+                    Isle::NAME
+                ))),
+            }
         }
-    }
 
-    pub fn space(&self) -> &S {
-        with_tree!(self, t => &t.space)
+        /// The commit-timestamp clock.
+        fn clock(&self) -> &crate::tree::mvcc::Clock {
+            with_tree!(self, t => &t.clock)
+        }
+
+        /// Structural counters of the tree.
+        fn tree_stats(&self) -> &TreeStats {
+            with_tree!(self, t => &t.stats)
+        }
+
+        /// Every leaf offset in chain order, with its element count.
+        fn leaf_offsets(&self) -> Vec<(u64, u64)> {
+            with_tree!(self, t => t.leaf_offsets())
+        }
+
+        /// The leaves the inner index routes to: offset, size, element count.
+        fn index_leaves(&self) -> Vec<(u64, u64, u64)> {
+            use std::sync::atomic::Ordering::Acquire;
+            with_tree!(self, t => t
+                .index
+                .load()
+                .entries()
+                .iter()
+                .map(|e| (e.leaf.off, e.leaf.size, e.leaf.durable.load(Acquire)))
+                .collect())
+        }
+
+        /// Installs (or removes) the split hook. For crash tests only.
+        fn set_split_hook(&self, hook: Option<SplitHook>) {
+            with_tree!(self, t => t.set_split_hook(hook))
+        }
+
+        /// The pool header as read at open.
+        fn header(&self) -> &Header {
+            &self.header
+        }
+
+        /// The tree of an nv pool.
+        ///
+        /// # Panics
+        /// On a pool of another leaf format ([`Db::nv_tree`] says why).
+        fn tree(&self) -> &Arc<Tree<S, Nv>> {
+            match self.nv_tree() {
+                Ok(t) => t,
+                Err(e) => panic!("{e}"),
+            }
+        }
+
+        /// The space the pool lives in.
+        fn space(&self) -> &S {
+            with_tree!(self, t => &t.space)
+        }
     }
 
     fn space_arc(&self) -> &Arc<S> {

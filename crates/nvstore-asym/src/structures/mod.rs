@@ -1,4 +1,6 @@
-//! Data structures run by a front-end on back-end memory (AsymNVM §8).
+//! Data structures run by a front-end on back-end memory (AsymNVM §8):
+//! queue, stack, B+-tree, hash table, skiplist, BST, and the multi-version
+//! BST and B+-tree whose readers take no lock.
 //!
 //! Each keeps its metadata object's address under a name in the back-end's
 //! naming space, describes every write operation by an operation log (its
@@ -9,12 +11,16 @@ pub mod bptree;
 pub mod bst;
 pub mod hash;
 pub mod list;
+pub mod mvbptree;
+pub mod mvbst;
 pub mod skiplist;
 
 pub use bptree::BpTree;
 pub use bst::Bst;
 pub use hash::HashTable;
 pub use list::{Queue, Stack};
+pub use mvbptree::MvBpTree;
+pub use mvbst::MvBst;
 pub use skiplist::SkipList;
 
 use crate::{Remote, Result};

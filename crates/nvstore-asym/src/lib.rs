@@ -33,7 +33,7 @@ pub mod transport;
 pub mod wire;
 
 pub use backend::{Backend, Layout};
-pub use remote::{Mode, Remote, RemoteOptions};
+pub use remote::{FlushTimer, Mode, Remote, RemoteOptions};
 
 pub use transport::{Client, Counters, Fault, FaultyTransport, LocalTransport, TcpTransport, Transport};
 

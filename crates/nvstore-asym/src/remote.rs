@@ -15,7 +15,8 @@
 //!   trip, acknowledged when durable) and its memory logs join a batch,
 //!   coalesced by address and sent with `tx_write` when `batch` operations
 //!   have gathered or the batch is older than `flush_after`, in the same
-//!   round trip as the next operation log. After a crash the operation logs
+//!   round trip as the next operation log, or by a [`FlushTimer`] when no
+//!   operation follows. After a crash the operation logs
 //!   the last transaction does not cover are executed again, exactly once
 //!   (AsymNVM §4.3, §7 case 2).
 //!
@@ -40,7 +41,11 @@
 //! freed by a memory log, atomically with the operation that frees them.
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
 
 use crate::cache::Cache;
 use crate::transport::{Client, Counters, Transport};
@@ -87,7 +92,7 @@ pub struct RemoteOptions {
     pub mode: Mode,
     /// Operations per `tx_write` in rcb mode.
     pub batch: usize,
-    /// A batch older than this is sent with the next operation (or by `flush`).
+    /// A batch older than this is sent with the next operation (or by `flush`, or a [`FlushTimer`]).
     pub flush_after: Duration,
     /// Cache capacity in bytes (rc, rcb).
     pub cache_bytes: usize,
@@ -625,6 +630,22 @@ impl Remote {
         self.flush_batch(covered)
     }
 
+    /// Sends the batch if it is older than `flush_after` (rcb; one round
+    /// trip then, none otherwise). Never inside an operation. Answers
+    /// whether it sent one.
+    pub fn flush_if_due(&mut self) -> Result<bool> {
+        if self.opts.mode != Mode::Rcb || self.op.is_some() || self.replaying.is_some() {
+            return Ok(false);
+        }
+        match self.batch_since {
+            Some(t) if t.elapsed() >= self.opts.flush_after => {
+                self.flush()?;
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
     /// Operation logs not covered by a replayed transaction: a restarted
     /// writer re-executes them with `begin_replay` (AsymNVM §7, case 2).
     pub fn unapplied_ops(&mut self) -> Result<Vec<(u64, Vec<u8>)>> {
@@ -733,5 +754,59 @@ fn check(r: Reply, what: &'static str) -> Result<Reply> {
     match r {
         Reply::Err(code, msg) => Err(Error::Verb { verb: what, code, msg }),
         r => Ok(r),
+    }
+}
+
+/// The background half of "flushed by count or timer" (rcb): a thread that
+/// sends a front-end's batch once it is `flush_after` old even when no
+/// further operation comes to carry it, so readers see an idle writer's
+/// last operations. Stops (and joins its thread) when dropped.
+pub struct FlushTimer {
+    stop: Arc<AtomicBool>,
+    flushes: Arc<AtomicU64>,
+    handle: Option<std::thread::JoinHandle<()>>,
+}
+
+impl FlushTimer {
+    /// Starts checking `r` every half `flush_after`. The front-end is
+    /// shared through a mutex; operations hold it from begin to commit,
+    /// so a timed flush never splits one.
+    pub fn start(r: Arc<Mutex<Remote>>) -> FlushTimer {
+        let period = (r.lock().opts.flush_after / 2).max(Duration::from_micros(100));
+        let stop = Arc::new(AtomicBool::new(false));
+        let flushes = Arc::new(AtomicU64::new(0));
+        let (s, f) = (stop.clone(), flushes.clone());
+        let handle = std::thread::spawn(move || {
+            while !s.load(Ordering::Acquire) {
+                std::thread::sleep(period);
+                match r.lock().flush_if_due() {
+                    Ok(true) => {
+                        f.fetch_add(1, Ordering::AcqRel);
+                    }
+                    Ok(false) => {}
+                    // The link is gone: the writer meets the error on its next operation.
+                    Err(_) => break,
+                }
+            }
+        });
+        FlushTimer {
+            stop,
+            flushes,
+            handle: Some(handle),
+        }
+    }
+
+    /// Batches the timer has sent.
+    pub fn flushes(&self) -> u64 {
+        self.flushes.load(Ordering::Acquire)
+    }
+}
+
+impl Drop for FlushTimer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
     }
 }

@@ -1,7 +1,7 @@
 //! `nvstore bench asym`: AsymNVM Table 3 on this machine. One front-end
 //! runs a data structure on a back-end over loopback TCP; 100% writes
 //! (enqueue, push, or a put of a uniform random key into the B+-tree, BST,
-//! hash table or skiplist), every operation acknowledged when durable.
+//! hash table, skiplist, or the multi-version BST and B+-tree), every operation acknowledged when durable.
 //!
 //! The back-end runs in this process on its own threads (a pool file on
 //! /dev/shm, removed afterwards), or elsewhere with `--connect ADDR`.
@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
-use nvstore_asym::structures::{BpTree, Bst, HashTable, Queue, SkipList, Stack};
+use nvstore_asym::structures::{BpTree, Bst, HashTable, MvBpTree, MvBst, Queue, SkipList, Stack};
 use nvstore_asym::{Backend, Fault, FaultyTransport, Layout, Mode, Remote, RemoteOptions, TcpTransport, Transport};
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
@@ -20,7 +20,7 @@ use serde::Serialize;
 /// `nvstore bench asym` flags.
 #[derive(clap::Args, Clone, Debug)]
 pub struct AsymArgs {
-    /// Data structure: queue, stack (enqueue / push), bptree, bst, hash or skiplist (puts of uniform random keys).
+    /// Data structure: queue, stack (enqueue / push), bptree, bst, hash, skiplist, mvbst or mvbpt (puts of uniform random keys).
     #[arg(long, default_value = "queue")]
     pub structure: String,
     /// naive, r, rc or rcb (AsymNVM Table 3).
@@ -63,12 +63,12 @@ pub struct AsymResult {
 /// bytes; B+-tree leaves hold 64-byte values about 3/4 full.
 fn item_bytes(structure: &str) -> u64 {
     match structure {
-        "bptree" => 100,
+        "bptree" | "mvbpt" => 100,
         // Node plus a bucket word; skiplist nodes average 1 1/3 links.
         "hash" => 88,
         "skiplist" => 91,
         // 88-byte nodes in 96-byte blocks.
-        "bst" => 96,
+        "bst" | "mvbst" => 96,
         _ => 80,
     }
 }
@@ -145,6 +145,7 @@ fn run_on(a: &AsymArgs, mode: Mode, addr: SocketAddr) -> Result<AsymResult, Stri
     let value = [0x42u8; 64];
     let mut hist = Histogram::<u64>::new_with_bounds(1, 3_600_000_000_000, 3).expect("bounds");
     let (mut q, mut s, mut tree, mut hash, mut skip, mut bst) = (None, None, None, None, None, None);
+    let (mut mvbst, mut mvbpt) = (None, None);
     match a.structure.as_str() {
         "queue" => q = Some(Queue::open(&mut r, &name).map_err(e)?),
         "stack" => s = Some(Stack::open(&mut r, &name).map_err(e)?),
@@ -152,6 +153,8 @@ fn run_on(a: &AsymArgs, mode: Mode, addr: SocketAddr) -> Result<AsymResult, Stri
         "hash" => hash = Some(HashTable::open(&mut r, &name, a.ops.max(1)).map_err(e)?),
         "skiplist" => skip = Some(SkipList::open(&mut r, &name).map_err(e)?),
         "bst" => bst = Some(Bst::open(&mut r, &name).map_err(e)?),
+        "mvbst" => mvbst = Some(MvBst::open(&mut r, &name).map_err(e)?),
+        "mvbpt" => mvbpt = Some(MvBpTree::open(&mut r, &name).map_err(e)?),
         _ => tree = Some(BpTree::open(&mut r, &name).map_err(e)?),
     }
     let mut rng = rand::rngs::StdRng::seed_from_u64(42);
@@ -169,6 +172,10 @@ fn run_on(a: &AsymArgs, mode: Mode, addr: SocketAddr) -> Result<AsymResult, Stri
         } else if let Some(sl) = &mut skip {
             sl.put(&mut r, key, &value)
         } else if let Some(b) = &mut bst {
+            b.put(&mut r, key, &value)
+        } else if let Some(b) = &mut mvbst {
+            b.put(&mut r, key, &value)
+        } else if let Some(b) = &mut mvbpt {
             b.put(&mut r, key, &value)
         } else if let Some(tr) = &mut tree {
             tr.put(&mut r, key, &value)

@@ -23,6 +23,7 @@
 #![deny(unsafe_code)]
 
 pub mod alloc;
+pub mod asyncdb;
 pub mod check;
 pub mod crashtest;
 pub mod db;
@@ -41,6 +42,7 @@ pub mod units;
 #[doc = include_str!("../../../README.md")]
 pub struct ReadmeDoctests;
 
+pub use asyncdb::{AsyncDb, DbFuture};
 pub use check::CheckReport;
 pub use db::{Db, Options, Stat};
 pub use error::{Error, Result};

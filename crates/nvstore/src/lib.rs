@@ -23,6 +23,7 @@
 #![deny(unsafe_code)]
 
 pub mod alloc;
+pub mod asyncdb;
 pub mod check;
 pub mod crashtest;
 pub mod db;
@@ -54,6 +55,7 @@ pub(crate) mod tree;
 #[doc = include_str!("../../../README.md")]
 pub struct ReadmeDoctests;
 
+pub use asyncdb::{AsyncDb, DbFuture};
 pub use check::CheckReport;
 pub use db::{Db, LeafInfo, Options, Stat};
 pub use error::{Error, Result};

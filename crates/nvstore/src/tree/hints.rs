@@ -201,7 +201,15 @@ pub(super) fn fingerprint(kw: u64) -> u8 {
 pub(super) fn hints<'a, S: Space>(s: &S, leaf: &'a LeafRef) -> &'a Hints {
     leaf.hints.get_or_init(|| {
         let layout = Layout::read(s, leaf.off);
-        let cap = nv::capacity(s.read_u64(leaf.off + nv::SIZE_OFF)).max(leaf.durable.load(Ordering::Relaxed));
+        // Sized by the handle's size, which recovery or the leaf's
+        // validation checked (a read-only view of a pool without leaves
+        // has size 0), never by a word read from media again.
+        let size_cap = if leaf.size >= nv::MIN_SIZE {
+            nv::capacity(leaf.size)
+        } else {
+            0
+        };
+        let cap = size_cap.max(leaf.durable.load(Ordering::Relaxed));
         let fp: Box<[std::sync::atomic::AtomicU64]> = (0..cap.div_ceil(8)).map(|_| Default::default()).collect();
         let h = Hints {
             compact: layout.compact,
@@ -337,5 +345,20 @@ mod tests {
         });
         // Slot 10 holds another key's fingerprint unless they collide.
         assert!(got.contains(&9) && (!got.contains(&10) || fingerprint(42) == fingerprint(43)));
+    }
+
+    #[test]
+    fn hints_are_sized_by_the_checked_size() {
+        use crate::pmem::SimSpace;
+        let s = SimSpace::new(64 * 1024);
+        // A damaged size word in the leaf: the handle's checked size decides.
+        let off = 4096;
+        s.store(off + nv::SIZE_OFF, 1 << 60);
+        let leaf = LeafRef::with(off, 1024, 3);
+        assert_eq!(hints(&s, &leaf).fp.len() as u64, nv::capacity(1024).div_ceil(8));
+        // The read-only view of a pool without leaves: size 0, no hints.
+        s.store(nv::SIZE_OFF, u64::MAX);
+        let empty = LeafRef::with(0, 0, 0);
+        assert_eq!(hints(&s, &empty).fp.len(), 0);
     }
 }

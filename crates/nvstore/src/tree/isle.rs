@@ -108,11 +108,12 @@ fn codes<S: Space>(s: &S, leaf: u64, size: u64) -> Vec<u8> {
 
 /// Key words at or above this are dead in the leaf (its next word is
 /// STALE: they moved to the successor, whose `low` it is); `u64::MAX` when
-/// none are.
+/// none are, or when the link does not name a line of the pool (damage
+/// the leaf's validation reports).
 fn dead_bound<S: Space>(s: &S, leaf: u64) -> u64 {
     let next = s.load(leaf + il::NEXT_OFF);
     let succ = next & !il::STALE;
-    if next & il::STALE != 0 && succ != 0 {
+    if next & il::STALE != 0 && succ != 0 && succ.is_multiple_of(LINE) && succ < s.size() {
         s.load(succ + il::LOW_OFF)
     } else {
         u64::MAX
@@ -409,7 +410,8 @@ impl LeafFormat for Isle {
     }
     fn count<S: Space>(s: &S, leaf: u64) -> u64 {
         let size = Self::size(s, leaf);
-        if il::data_lines(size) > (size / LINE) || size < il::MIN_SIZE {
+        let pool = crate::format::header::pool_size(s).min(s.size());
+        if size < il::MIN_SIZE || size % LINE != 0 || size > pool.saturating_sub(leaf) {
             return u64::MAX; // not a leaf: callers reject it
         }
         let bound = dead_bound(s, leaf);

@@ -1,6 +1,6 @@
 //! The engine API (docs/design.md, "Layers"): open a pool, `get/put/delete/range/prefix`.
 
-use std::ops::{Bound as RB, RangeBounds};
+use std::ops::{Bound as RB, ControlFlow, RangeBounds};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -448,10 +448,73 @@ impl<S: Space> Db<S> {
         }
     }
 
-    /// The value stored for `key`.
+    /// The value stored for `key` (a copy: [`Db::get_with`] reads it in place).
     pub fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        self.get_with(key, <[u8]>::to_vec)
+    }
+
+    /// Runs `f` on the value stored for `key` without copying it out of
+    /// the pool (no allocation): `Ok(None)` when `key` has no value.
+    /// `f` runs inside the read, which holds back the reclamation of
+    /// replaced values meanwhile, so keep it short and do not block in it.
+    ///
+    /// ```no_run
+    /// # let db = nvstore::Db::open("/dev/shm/doc.pool", nvstore::Options::default())?;
+    /// let len = db.get_with(b"user:1", |v| v.len())?;
+    /// let starts = db.get_with(b"user:1", |v| v.starts_with(b"{"))?.unwrap_or(false);
+    /// # Ok::<(), nvstore::Error>(())
+    /// ```
+    #[inline]
+    pub fn get_with<R>(&self, key: &[u8], f: impl FnOnce(&[u8]) -> R) -> Result<Option<R>> {
         crate::tree::check_key(key)?;
-        with_tree!(self, t => t.get(key))
+        with_tree!(self, t => t.get_with(key, f))
+    }
+
+    /// Calls `f` on each pair with a key in `range`, in key order, lending
+    /// key and value without copying them, until `f` returns
+    /// [`ControlFlow::Break`]. The scan reads one leaf at a time (as
+    /// [`Db::range`] does) and `f` runs while that leaf's read is in
+    /// progress: keep it short. Stops at the first damaged leaf with its
+    /// [`Error::Corrupt`].
+    ///
+    /// ```no_run
+    /// # use std::ops::ControlFlow;
+    /// # let db = nvstore::Db::open("/dev/shm/doc.pool", nvstore::Options::default())?;
+    /// let mut bytes = 0;
+    /// db.range_with(&b"a"[..]..&b"b"[..], |_k, v| {
+    ///     bytes += v.len();
+    ///     ControlFlow::Continue(())
+    /// })?;
+    /// # Ok::<(), nvstore::Error>(())
+    /// ```
+    pub fn range_with<K: AsRef<[u8]>, R: RangeBounds<K>>(
+        &self,
+        range: R,
+        f: impl FnMut(&[u8], &[u8]) -> ControlFlow<()>,
+    ) -> Result<()> {
+        let (lo, hi) = owned_bounds(&range);
+        with_tree!(self, t => t.scan_with(lo, hi, false, u64::MAX, f))
+    }
+
+    /// [`Db::range_with`] in reverse key order.
+    pub fn range_rev_with<K: AsRef<[u8]>, R: RangeBounds<K>>(
+        &self,
+        range: R,
+        f: impl FnMut(&[u8], &[u8]) -> ControlFlow<()>,
+    ) -> Result<()> {
+        let (lo, hi) = owned_bounds(&range);
+        with_tree!(self, t => t.scan_with(lo, hi, true, u64::MAX, f))
+    }
+
+    /// [`Db::range_with`] over the pairs whose key starts with `prefix`.
+    pub fn prefix_with(&self, prefix: &[u8], f: impl FnMut(&[u8], &[u8]) -> ControlFlow<()>) -> Result<()> {
+        let (lo, hi) = prefix_bounds(prefix);
+        with_tree!(self, t => t.scan_with(lo, hi, false, u64::MAX, f))
+    }
+
+    /// [`Db::range_with`] over every pair.
+    pub fn for_each(&self, f: impl FnMut(&[u8], &[u8]) -> ControlFlow<()>) -> Result<()> {
+        with_tree!(self, t => t.scan_with(RB::Unbounded, RB::Unbounded, false, u64::MAX, f))
     }
 
     /// Stores `value` under `key`; durable when it returns.

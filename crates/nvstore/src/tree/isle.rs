@@ -21,7 +21,7 @@ use std::ops::Bound as RB;
 use std::sync::atomic::{fence, AtomicU64, Ordering};
 
 use super::collate::{Collated, Keep, Slot};
-use super::leaf::{self, Audit, AuditCtx, Elem, LeafFormat, Newest, Removed, Scan, Written};
+use super::leaf::{self, Audit, AuditCtx, Elem, LeafFormat, Newest, Removed, Scan, ValueRef, Written};
 use super::mvcc::Clock;
 use super::LeafRef;
 use crate::format::element;
@@ -506,8 +506,11 @@ impl LeafFormat for Isle {
         s.flush(leaf, used as u64, points::NV_NEWLEAF_FLUSH);
     }
 
-    fn read<S: Space>(s: &S, leaf: &LeafRef, key: &[u8], _at: u64) -> Option<Option<Vec<u8>>> {
+    fn read_ref<S: Space>(s: &S, leaf: &LeafRef, key: &[u8], _at: u64) -> Option<Option<ValueRef>> {
         let kw = nv::key_word(key);
+        // The element's words are taken only once no writer moved them
+        // meanwhile; a blob they name is immutable and stays allocated
+        // while the caller's epoch is pinned, so it is read afterwards.
         read_stable(leaf, || {
             if moved(leaf, kw) {
                 return None;
@@ -516,9 +519,12 @@ impl LeafFormat for Isle {
                 find(s, leaf.off, leaf.size, cs, key).map(|loc| match loc.kind {
                     Kind::Compact => {
                         let lo = il::line(leaf.off, leaf.size, loc.line);
-                        s.load(il::c_value(lo, loc.slot)).to_le_bytes().to_vec()
+                        ValueRef::Inline {
+                            word: s.load(il::c_value(lo, loc.slot)),
+                            len: 8,
+                        }
                     }
-                    _ => element::element_value(s, &words_at(s, leaf.off, leaf.size, loc)),
+                    _ => ValueRef::of(s, &words_at(s, leaf.off, leaf.size, loc)),
                 })
             }))
         })

@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 
 use super::collate::{collate, collate_in, Collated, Keep, Slot};
 use super::hints::{cached_layout, element_lookup_word, fingerprint, hints, lookup_word, KeyTable};
-use super::leaf::{show, Audit, AuditCtx, Elem, LeafFormat, Lookup, Newest, Removed, Scan, Written};
+use super::leaf::{show, Audit, AuditCtx, Elem, LeafFormat, Lookup, Newest, Removed, Scan, ValueRef, Written};
 use super::mvcc::Clock;
 use super::LeafRef;
 use crate::format::blob;
@@ -297,10 +297,10 @@ impl LeafFormat for Nv {
     /// whose fingerprint matches: about one.
     const SEARCH_LINE_SHARE: f64 = 1.0 / 32.0;
 
-    fn read<S: Space>(s: &S, leaf: &LeafRef, key: &[u8], at: u64) -> Option<Option<Vec<u8>>> {
+    fn read_ref<S: Space>(s: &S, leaf: &LeafRef, key: &[u8], at: u64) -> Option<Option<ValueRef>> {
         let n = leaf.durable.load(Ordering::Acquire);
         Some(match Self::lookup_at(s, leaf, n, key, at) {
-            Lookup::Present(i) => Some(element_value(s, &cached_layout(s, leaf).words(s, i))),
+            Lookup::Present(i) => Some(ValueRef::of(s, &cached_layout(s, leaf).words(s, i))),
             Lookup::Absent => None,
         })
     }

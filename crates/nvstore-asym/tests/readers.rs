@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use rand::{Rng, SeedableRng};
 
-use nvstore_asym::structures::{recover, Bst, MvBpTree, MvBst, Replay};
+use nvstore_asym::structures::{recover, BpTree, Bst, HashTable, MvBpTree, MvBst, Replay};
 use nvstore_asym::transport::SharedBackend;
 use nvstore_asym::{Error, Fault, FaultyTransport, LocalTransport, Mode, Remote, RemoteOptions};
 
@@ -268,37 +268,68 @@ fn mv_bptree_readers_see_whole_versions_while_a_writer_path_copies() {
     readers_see_whole_versions::<MvBpTree>();
 }
 
-#[test]
-fn bst_readers_under_the_sequence_lock_see_whole_operations() {
-    struct B(Bst);
-    let snap = |r: &mut Remote, t: &B| r.read_locked(|r| t.0.items(r));
-    // The BST changes nodes in place: readers take the sequence-number lock.
-    impl Replay for B {
-        fn redo(&mut self, r: &mut Remote, op: &[u8]) -> nvstore_asym::Result<()> {
-            self.0.redo(r, op)
+/// A structure changed in place, behind the shared interface: its readers
+/// take the sequence-number lock.
+macro_rules! in_place {
+    ($wrap:ident, $ty:ty, $open:expr, $items:ident) => {
+        struct $wrap($ty);
+        impl Replay for $wrap {
+            fn redo(&mut self, r: &mut Remote, op: &[u8]) -> nvstore_asym::Result<()> {
+                self.0.redo(r, op)
+            }
         }
-    }
-    impl Mv for B {
-        fn open(r: &mut Remote) -> Self {
-            B(Bst::open(r, "bst").unwrap())
+        impl Mv for $wrap {
+            fn open(r: &mut Remote) -> Self {
+                $wrap($open(r).unwrap())
+            }
+            fn put(&mut self, r: &mut Remote, k: u64, v: &[u8]) -> nvstore_asym::Result<()> {
+                self.0.put(r, k, v)
+            }
+            fn get(&self, r: &mut Remote, k: u64) -> nvstore_asym::Result<Option<Vec<u8>>> {
+                self.0.get(r, k)
+            }
+            fn items(&self, r: &mut Remote) -> nvstore_asym::Result<BTreeMap<u64, Vec<u8>>> {
+                Ok(self.0.$items(r)?.into_iter().collect())
+            }
+            fn len(&self, r: &mut Remote) -> nvstore_asym::Result<u64> {
+                self.0.len(r)
+            }
         }
-        fn put(&mut self, r: &mut Remote, k: u64, v: &[u8]) -> nvstore_asym::Result<()> {
-            self.0.put(r, k, v)
-        }
-        fn get(&self, r: &mut Remote, k: u64) -> nvstore_asym::Result<Option<Vec<u8>>> {
-            self.0.get(r, k)
-        }
-        fn items(&self, r: &mut Remote) -> nvstore_asym::Result<BTreeMap<u64, Vec<u8>>> {
-            self.0.items(r)
-        }
-        fn len(&self, r: &mut Remote) -> nvstore_asym::Result<u64> {
-            self.0.len(r)
-        }
-    }
+    };
+}
+
+in_place!(LockedBst, Bst, |r| Bst::open(r, "bst"), items);
+in_place!(LockedBpTree, BpTree, |r| BpTree::open(r, "bpt"), scan);
+in_place!(LockedHash, HashTable, |r| HashTable::open(r, "hash", 64), items);
+
+/// The whole structure and, last, its count, in one locked section: they
+/// agree unless an operation slipped in between.
+fn locked<T: Mv>(r: &mut Remote, t: &T) -> nvstore_asym::Result<BTreeMap<u64, Vec<u8>>> {
+    let (items, len) = r.read_locked(|r| Ok((t.items(r)?, t.len(r)?)))?;
+    assert_eq!(items.len() as u64, len, "the count and the items of one section differ");
+    Ok(items)
+}
+
+fn locked_readers_see_whole_operations<T: Mv>() {
     for (mode, batch) in [(Mode::R, 1), (Mode::Rcb, 4)] {
-        let (_, stats) = writer_and_readers::<B>(backend(), mode, shuffled(300, 4), 2, snap, opts(mode, batch));
+        let (_, stats) = writer_and_readers::<T>(backend(), mode, shuffled(300, 4), 2, locked::<T>, opts(mode, batch));
         assert!(stats.iter().all(|s| s.0 > 0), "{mode:?}: {stats:?}");
     }
+}
+
+#[test]
+fn bst_readers_under_the_sequence_lock_see_whole_operations() {
+    locked_readers_see_whole_operations::<LockedBst>();
+}
+
+#[test]
+fn bptree_readers_under_the_sequence_lock_see_whole_operations() {
+    locked_readers_see_whole_operations::<LockedBpTree>();
+}
+
+#[test]
+fn hash_table_readers_under_the_sequence_lock_see_whole_operations() {
+    locked_readers_see_whole_operations::<LockedHash>();
 }
 
 #[test]

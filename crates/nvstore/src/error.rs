@@ -68,6 +68,16 @@ pub enum Error {
     #[error("transaction conflict: a key it writes or watches was changed by a newer commit; nothing was written")]
     Conflict,
 
+    /// An [`crate::AsyncDb`] request that was never run because the store
+    /// shut down first; nothing of it was written.
+    #[error("the async store is shut down: the request was not run, nothing of it was written")]
+    Closed,
+
+    /// An [`crate::AsyncDb`] request panicked on its worker (the worker
+    /// lives on). A transaction that panicked wrote nothing.
+    #[error("a request panicked on an async worker: {0}")]
+    WorkerPanic(String),
+
     #[error("{path}: {source}")]
     Io {
         path: PathBuf,

@@ -217,6 +217,25 @@ impl<S: Space> HashEngine<S> {
     }
 }
 
+impl<S: Space> HashEngine<S> {
+    /// Calls `f` on each pair between `lo` and `hi` (as [`HashEngine::range`]
+    /// yields them) until it breaks.
+    pub fn scan_with(
+        self: &Arc<Self>,
+        lo: RB<Vec<u8>>,
+        hi: RB<Vec<u8>>,
+        reverse: bool,
+        mut f: impl FnMut(&[u8], &[u8]) -> std::ops::ControlFlow<()>,
+    ) -> Result<()> {
+        for (k, v) in self.range(lo, hi, reverse) {
+            if f(&k, &v).is_break() {
+                break;
+            }
+        }
+        Ok(())
+    }
+}
+
 /// A range over a hash pool: keys from one snapshot of the index, values
 /// from the table.
 pub struct HashIter<S: Space> {

@@ -1,0 +1,293 @@
+//! The asynchronous API (KVS B+Tree index §2, Fig. 2): every call on a
+//! [`Db`] blocks its thread until the write is durable or the read is done;
+//! [`AsyncDb`] turns each call into a future without blocking the caller.
+//!
+//! As the paper describes: a call wraps the blocking operation into a
+//! function object, puts it into a lock-free queue (an unbounded
+//! `crossbeam-channel`) and returns a future at once. A fixed set of worker
+//! threads pops the function objects and runs them on the shared `Db`; the
+//! worker that finishes one completes its oneshot channel (the paper's
+//! `std::promise`), and only then is the caller's future ready.
+//!
+//! The futures need no particular runtime: they are plain
+//! [`std::future::Future`]s woken by the worker, so tokio, `futures`'
+//! `block_on` or any other executor can await them, and
+//! [`DbFuture::wait`] blocks a thread that has no executor.
+//!
+//! Shutdown: dropping an [`AsyncDb`] (or [`AsyncDb::close`]) stops taking
+//! requests, lets the workers finish every request already queued, joins
+//! them and closes the pool cleanly. [`AsyncDb::shutdown_now`] instead
+//! fails the queued requests that no worker has started with
+//! [`Error::Closed`]. A future whose request was never run never hangs: it
+//! resolves to [`Error::Closed`].
+
+use std::future::Future;
+use std::ops::RangeBounds;
+use std::path::Path;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::thread::JoinHandle;
+
+use crossbeam_channel::{Receiver, Sender};
+use futures_channel::oneshot;
+
+use crate::db::{owned, Db, Options};
+use crate::error::{Error, Result};
+use crate::pmem::{FileSpace, Space};
+use crate::txn::Txn;
+
+/// Pairs a range or prefix request returns, in the order asked for.
+pub type Pairs = Vec<(Vec<u8>, Vec<u8>)>;
+
+/// A request as the workers see it: run on the store, or told that it will
+/// never run (`None`). Either way it completes its caller's future.
+type Job<S> = Box<dyn FnOnce(Option<&Db<S>>) + Send>;
+
+/// Worker threads [`AsyncDb::open`] and [`AsyncDb::new`] start: one per
+/// core, at least two, so one long request never holds up all others.
+pub fn default_workers() -> usize {
+    std::thread::available_parallelism().map_or(2, |n| n.get()).max(2)
+}
+
+/// A [`Db`] whose operations return futures. See the module docs.
+pub struct AsyncDb<S: Space + Send + Sync + 'static = FileSpace> {
+    /// `None` only inside [`AsyncDb::close`], after the workers are gone.
+    db: Option<Arc<Db<S>>>,
+    queue: Option<Sender<Job<S>>>,
+    /// The queue's other end, for [`AsyncDb::shutdown_now`] to empty.
+    pending: Receiver<Job<S>>,
+    workers: Vec<JoinHandle<()>>,
+    /// Set by [`AsyncDb::shutdown_now`]: workers fail what is left.
+    abort: Arc<AtomicBool>,
+}
+
+impl AsyncDb<FileSpace> {
+    /// Opens (or creates, as `opts` says) the pool at `path` with
+    /// [`default_workers`] workers.
+    pub fn open(path: impl AsRef<Path>, opts: Options) -> Result<Self> {
+        Ok(AsyncDb::new(Db::open(path, opts)?))
+    }
+}
+
+impl<S: Space + Send + Sync + 'static> AsyncDb<S> {
+    /// Serves `db` with [`default_workers`] worker threads.
+    pub fn new(db: Db<S>) -> Self {
+        AsyncDb::with_workers(db, default_workers())
+    }
+
+    /// Serves `db` with `workers` worker threads (at least one).
+    pub fn with_workers(db: Db<S>, workers: usize) -> Self {
+        let db = Arc::new(db);
+        let abort = Arc::new(AtomicBool::new(false));
+        let (tx, rx) = crossbeam_channel::unbounded::<Job<S>>();
+        let workers = (0..workers.max(1))
+            .map(|i| {
+                let (db, rx, abort) = (db.clone(), rx.clone(), abort.clone());
+                std::thread::Builder::new()
+                    .name(format!("nvstore-async-{i}"))
+                    .spawn(move || worker(&db, &rx, &abort))
+                    .expect("spawning an async worker thread")
+            })
+            .collect();
+        AsyncDb {
+            db: Some(db),
+            queue: Some(tx),
+            pending: rx,
+            workers,
+            abort,
+        }
+    }
+
+    /// The store itself, for its synchronous API (snapshots, `stat`, ...).
+    pub fn db(&self) -> &Db<S> {
+        self.db.as_ref().expect("the store is present until close")
+    }
+
+    /// Number of worker threads.
+    pub fn workers(&self) -> usize {
+        self.workers.len()
+    }
+
+    /// Requests queued that no worker has started yet.
+    pub fn queued(&self) -> usize {
+        self.queue.as_ref().map_or(0, |q| q.len())
+    }
+
+    /// Runs `f` on a worker with the store and returns its result as a
+    /// future: the paper's wrapper for any blocking call. A panic in `f`
+    /// becomes [`Error::WorkerPanic`]; the worker lives on. `f` must not
+    /// wait for another request of this store: with every worker waiting,
+    /// none would be left to run it.
+    pub fn run<T, F>(&self, f: F) -> DbFuture<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Db<S>) -> Result<T> + Send + 'static,
+    {
+        let (done, rx) = oneshot::channel();
+        let job: Job<S> = Box::new(move |db| {
+            let r = match db {
+                Some(db) => std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(db)))
+                    .unwrap_or_else(|p| Err(Error::WorkerPanic(panic_message(&*p)))),
+                None => Err(Error::Closed),
+            };
+            // The caller may have dropped its future: nobody to tell.
+            let _ = done.send(r);
+        });
+        if let Some(q) = &self.queue {
+            // Fails only once every worker is gone; then the job (and its
+            // sender) is dropped and the future resolves to `Closed`.
+            let _ = q.send(job);
+        }
+        DbFuture { rx }
+    }
+
+    /// The value stored for `key`.
+    pub fn get(&self, key: &[u8]) -> DbFuture<Option<Vec<u8>>> {
+        let key = key.to_vec();
+        self.run(move |db| db.get(&key))
+    }
+
+    /// Stores `value` under `key`; the future is ready once it is durable.
+    pub fn put(&self, key: &[u8], value: &[u8]) -> DbFuture<()> {
+        let (key, value) = (key.to_vec(), value.to_vec());
+        self.run(move |db| db.put(&key, &value))
+    }
+
+    /// Removes `key`; resolves to whether it was there, once durable.
+    pub fn delete(&self, key: &[u8]) -> DbFuture<bool> {
+        let key = key.to_vec();
+        self.run(move |db| db.delete(&key))
+    }
+
+    /// Pairs with keys in `range`, in key order. Damage met on the way is
+    /// the error (the pairs before it are not returned).
+    pub fn range<K: AsRef<[u8]>, R: RangeBounds<K>>(&self, range: R) -> DbFuture<Pairs> {
+        let (lo, hi) = (owned(range.start_bound()), owned(range.end_bound()));
+        self.run(move |db| db.range::<Vec<u8>, _>((lo, hi)).checked().collect())
+    }
+
+    /// Pairs with keys in `range`, in reverse key order.
+    pub fn range_rev<K: AsRef<[u8]>, R: RangeBounds<K>>(&self, range: R) -> DbFuture<Pairs> {
+        let (lo, hi) = (owned(range.start_bound()), owned(range.end_bound()));
+        self.run(move |db| db.range_rev::<Vec<u8>, _>((lo, hi)).checked().collect())
+    }
+
+    /// Pairs whose key starts with `prefix`, in key order.
+    pub fn prefix(&self, prefix: &[u8]) -> DbFuture<Pairs> {
+        let prefix = prefix.to_vec();
+        self.run(move |db| db.prefix(&prefix).checked().collect())
+    }
+
+    /// Runs `f` in a transaction on a worker and commits it, as
+    /// [`Db::transaction`] does (retrying `f` from a fresh snapshot on a
+    /// conflict); resolves to `f`'s result once the commit is durable.
+    pub fn transaction<T, F>(&self, mut f: F) -> DbFuture<T>
+    where
+        T: Send + 'static,
+        F: FnMut(&mut Txn<'_, S>) -> Result<T> + Send + 'static,
+    {
+        self.run(move |db| db.transaction(&mut f))
+    }
+
+    /// Stops taking requests, lets the workers finish every queued one,
+    /// joins them and closes the pool cleanly (what dropping does, with
+    /// the close's error returned).
+    pub fn close(mut self) -> Result<()> {
+        self.stop();
+        match self.db.take().map(Arc::try_unwrap) {
+            Some(Ok(db)) => db.close(),
+            // A worker that outlived the join (only when the handle was
+            // closed on a worker): the pool closes when that worker ends.
+            _ => Ok(()),
+        }
+    }
+
+    /// Like [`AsyncDb::close`], but requests no worker has started yet
+    /// fail with [`Error::Closed`] instead of running. Requests already
+    /// running finish (a write is never torn by a shutdown).
+    pub fn shutdown_now(self) -> Result<()> {
+        self.abort.store(true, Ordering::SeqCst);
+        // Fail the queued requests here, at once, rather than when a busy
+        // worker next looks; workers drop anything that races past.
+        while let Ok(job) = self.pending.try_recv() {
+            job(None);
+        }
+        self.close()
+    }
+
+    /// Closes the queue and joins the workers (not the current thread, if
+    /// it is one of them).
+    fn stop(&mut self) {
+        self.queue = None;
+        let me = std::thread::current().id();
+        for w in self.workers.drain(..) {
+            if w.thread().id() != me {
+                let _ = w.join();
+            }
+        }
+    }
+}
+
+impl<S: Space + Send + Sync + 'static> Drop for AsyncDb<S> {
+    fn drop(&mut self) {
+        self.stop();
+        // The last `Arc<Db>` drops here, which closes the pool cleanly.
+    }
+}
+
+fn worker<S: Space>(db: &Db<S>, rx: &Receiver<Job<S>>, abort: &AtomicBool) {
+    // `recv` fails once the queue is closed and empty: every request sent
+    // before the close has been handed to some worker.
+    while let Ok(job) = rx.recv() {
+        if abort.load(Ordering::SeqCst) {
+            job(None);
+        } else {
+            job(Some(db));
+        }
+    }
+}
+
+fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = p.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = p.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "a non-string panic payload".to_string()
+    }
+}
+
+/// The result of an [`AsyncDb`] request, ready once a worker has run it.
+/// Dropping it does not cancel the request (a write still happens).
+#[must_use = "the request runs anyway; its result is only seen by awaiting the future"]
+pub struct DbFuture<T> {
+    rx: oneshot::Receiver<Result<T>>,
+}
+
+impl<T> DbFuture<T> {
+    /// Blocks this thread until the result is ready (for callers without
+    /// an executor).
+    pub fn wait(self) -> Result<T> {
+        futures_executor::block_on(self)
+    }
+}
+
+impl<T> Future for DbFuture<T> {
+    type Output = Result<T>;
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<T>> {
+        match Pin::new(&mut self.rx).poll(cx) {
+            Poll::Ready(Ok(r)) => Poll::Ready(r),
+            // The request was dropped without running: the store shut down.
+            Poll::Ready(Err(oneshot::Canceled)) => Poll::Ready(Err(Error::Closed)),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl<T> std::fmt::Debug for DbFuture<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DbFuture").finish_non_exhaustive()
+    }
+}

@@ -1,7 +1,7 @@
 //! Benchmarks (NV-Tree §6, Isle-Tree §V): the papers' experiments on one persistent-memory
 //! layer, so flush counts compare honestly across engines.
 //!
-//! Entry points for the CLI (`nvstore bench micro|compare|ycsb|adaptive|plot`):
+//! Entry points for the CLI (`nvstore bench micro|compare|ycsb|adaptive|plot|asym|kvindex`):
 //! [`micro::MicroArgs`] / [`micro::micro_main`] and [`micro::CompareArgs`] /
 //! [`micro::compare_main`]; [`micro::run_micro`] and [`micro::run_compare`]
 //! return the results without printing.
@@ -19,6 +19,7 @@ pub mod baselines;
 pub mod engine;
 pub mod external;
 pub mod keys;
+pub mod kvindex;
 pub mod micro;
 pub mod output;
 pub mod plot;
@@ -28,6 +29,7 @@ pub mod ycsb;
 pub use adaptive::{adaptive_main, run_adaptive, AdaptiveArgs, AdaptiveResult, AdaptiveWorkload};
 pub use asym::{asym_main, run_asym, AsymArgs, AsymResult};
 pub use engine::{BenchIndex, EngineStats, KeyKind};
+pub use kvindex::{kvindex_main, run_kvindex, KvIndexArgs, KvIndexResult};
 pub use micro::{
     compare_main, micro_main, run_compare, run_micro, CompareArgs, CompareResult, MicroArgs, MicroResult, Op,
 };

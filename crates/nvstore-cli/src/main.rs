@@ -123,7 +123,7 @@ enum Cmd {
     Crashtest(CrashtestArgs),
     /// Try nvstore: insert, read back, scan, delete, check, close and reopen a pool, and report.
     Demo(demo::DemoArgs),
-    /// Benchmarks: the papers' experiments against baseline trees (`micro`, `compare`, `ycsb`, `adaptive`, `plot`).
+    /// Benchmarks: the papers' experiments against baseline trees (`micro`, `compare`, `ycsb`, `adaptive`, `plot`, `asym`, `kvindex`).
     #[command(subcommand)]
     Bench(BenchCmd),
     /// Serve a pool over the Redis protocol (RESP2/RESP3) until SIGINT, SIGTERM or SHUTDOWN.
@@ -146,6 +146,8 @@ enum BenchCmd {
     Plot(nvstore_bench::PlotArgs),
     /// AsymNVM: a data structure on a back-end over loopback TCP, naive/r/rc/rcb (AsymNVM Table 3).
     Asym(nvstore_bench::AsymArgs),
+    /// KVS B+Tree index §3: N inserts then N random gets of SHA-1 keys, values of 1..1024 sectors, sync against async, index overhead.
+    Kvindex(nvstore_bench::KvIndexArgs),
 }
 
 const LOAD_HELP: &str = "\
@@ -390,6 +392,7 @@ fn bench(b: BenchCmd) -> CmdResult {
         BenchCmd::Ycsb(a) => nvstore_bench::ycsb_main(a, &mut out).map(|_| ()),
         BenchCmd::Adaptive(a) => nvstore_bench::adaptive_main(a, &mut out).map(|_| ()),
         BenchCmd::Plot(a) => nvstore_bench::plot_main(a, &mut out).map(|_| ()),
+        BenchCmd::Kvindex(a) => nvstore_bench::kvindex_main(a, &mut out).map(|_| ()),
         BenchCmd::Asym(a) => return nvstore_bench::asym_main(a, &mut out).map(|_| ()).map_err(Fail::error),
     };
     r.map_err(|e| Fail::error(e.to_string()))

@@ -861,3 +861,59 @@ fn argument_errors_are_one_line() {
     nv(["frobnicate"]).error(None, "unrecognized subcommand");
     nv(["scan", "x", "--limit", "many"]).error(None, "--limit");
 }
+
+// ---------------------------------------------------------------- bench kvindex
+
+#[test]
+fn bench_kvindex_json_has_exactly_the_five_fields() {
+    let dir = tmpdir();
+    let r = nv([
+        OsStr::new("bench"),
+        OsStr::new("kvindex"),
+        OsStr::new("--json"),
+        OsStr::new("--keys"),
+        OsStr::new("200"),
+        OsStr::new("--sectors"),
+        OsStr::new("1,2048"),
+        OsStr::new("--max-mib"),
+        OsStr::new("1"),
+        OsStr::new("--pool-dir"),
+        os(dir.path()),
+    ])
+    .ok();
+    let rows: Vec<serde_json::Value> = r
+        .out()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    let seen: Vec<_> = rows
+        .iter()
+        .map(|o| {
+            let mut keys: Vec<_> = o.as_object().expect("an object").keys().cloned().collect();
+            keys.sort();
+            assert_eq!(
+                keys,
+                ["engine", "index_overhead_pct", "mode", "ops_per_sec", "value_sectors"],
+                "{o}"
+            );
+            assert!(o["ops_per_sec"].as_f64().unwrap() > 0.0, "{o}");
+            (
+                o["mode"].as_str().unwrap().to_string(),
+                o["value_sectors"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    let want: Vec<_> = [("sync", 1), ("async", 1), ("sync", 2048), ("async", 2048)]
+        .iter()
+        .map(|&(m, s)| (m.to_string(), s))
+        .collect();
+    assert_eq!(seen, want);
+    assert!(rows.iter().all(|o| o["engine"] == "tree"));
+    // The capped size is named on stderr, not in the JSON.
+    assert!(
+        r.stderr.contains("2048 sectors: N = 1 of the 200 records asked"),
+        "stderr: {}",
+        r.stderr
+    );
+    nv(["bench", "kvindex", "--engine", "nope"]).error(None, "unknown engine 'nope'");
+}

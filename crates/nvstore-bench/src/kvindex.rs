@@ -1,0 +1,461 @@
+//! `nvstore bench kvindex`: the experiment of KVS B+Tree index §3. N
+//! inserts, then N gets of random inserted keys; keys are the 40-character
+//! SHA-1 hex digests of the integers 1..=N (as decimal text); a value is
+//! its key padded with zeros to a whole number of 512-byte sectors. Run for
+//! each value size (`--sectors`), through the blocking `Db` (`sync`) and
+//! through [`AsyncDb`] (`async`), each with and without the ordered index.
+//!
+//! - `sync`: one thread calls `Db::put` N times, then `Db::get` N times.
+//! - `async`: as in the paper, one thread first issues all N puts (each
+//!   call returns a future at once), then waits for every future; then the
+//!   same for the N gets. The workers run the requests meanwhile. The
+//!   waiting is one `join_all` of the futures, so the thread sleeps until
+//!   some result is ready rather than once per future. Each put is an
+//!   `AsyncDb::run` that builds the value on the worker, as the sync loop
+//!   builds it in one reused buffer: no mode copies a value more than the
+//!   other. (`AsyncDb::put` takes borrowed bytes, so it copies the value
+//!   once into the request.)
+//!
+//! `ops_per_sec` is 2N over the time of both phases, with the index.
+//! `index_overhead_pct` is how much longer the same run takes with the
+//! ordered index than without it: `(ops/s without / ops/s with - 1) *
+//! 100`, negative when the run with the index was faster. What "without
+//! the index" means depends on the engine ([`engine_options`]): the tree
+//! engine's order is its structure, so there it is the same store again,
+//! and the number is the run-to-run noise the other engines' overheads are
+//! to be read against.
+//!
+//! Record count: N values of 1024 sectors are 5 GiB at the paper's N of
+//! 10 000, too much for /dev/shm and a short run. N is therefore capped
+//! per value size so the values written in one run stay within
+//! `--max-mib`; the output says which sizes were capped and to how many
+//! records (on stderr with `--json`, so the JSON lines stay exactly the
+//! five fields).
+//!
+//! Every get's value is checked (length, and the key it starts with): a
+//! run that read wrong data fails instead of reporting a rate.
+
+use std::cell::RefCell;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use futures::executor::block_on;
+use futures::future::join_all;
+use nvstore::asyncdb::default_workers;
+use nvstore::{AsyncDb, Db, Error, Options, Result};
+use rand::{Rng, SeedableRng};
+use serde::Serialize;
+use sha1::{Digest, Sha1};
+
+use crate::args::parse_count;
+use crate::output::{fmt_ops, print_and_save};
+
+/// Bytes in a sector, the paper's value unit.
+pub const SECTOR: usize = 512;
+/// Length of a key: a SHA-1 digest in hex.
+pub const KEY_LEN: usize = 40;
+
+/// Engines `bench kvindex` runs on (see [`engine_options`]).
+pub const KV_ENGINES: &[&str] = &["tree"];
+
+/// `nvstore bench kvindex` flags.
+#[derive(clap::Args, Clone, Debug)]
+pub struct KvIndexArgs {
+    /// Engine: tree (a comma list of engines is accepted). Without the
+    /// ordered index, the tree engine is the same store again (its order is
+    /// its structure), so its index_overhead_pct is run-to-run noise.
+    #[arg(long, default_value = "tree")]
+    pub engine: String,
+    /// Value sizes in 512-byte sectors, a comma list (the paper: 1 to 1024).
+    #[arg(long, value_delimiter = ',', default_value = "1,8,64,1024")]
+    pub sectors: Vec<u32>,
+    /// Modes, a comma list: sync (blocking Db calls) and async (AsyncDb futures).
+    #[arg(long, value_delimiter = ',', default_value = "sync,async")]
+    pub mode: Vec<Mode>,
+    /// Records N: N inserts, then N gets (k suffix allowed); capped per
+    /// value size by --max-mib.
+    #[arg(long, value_parser = parse_count, default_value = "10k")]
+    pub keys: u64,
+    /// Most MiB of values one run writes: N is capped to this over the value size.
+    #[arg(long, default_value_t = 512)]
+    pub max_mib: u64,
+    /// AsyncDb worker threads (default: one per core, at least two).
+    #[arg(long)]
+    pub workers: Option<usize>,
+    /// Runs of each configuration; the fastest counts.
+    #[arg(long, default_value_t = 1)]
+    pub repeat: u32,
+    /// Emulated write latency per flushed cache line, in nanoseconds.
+    #[arg(long, default_value_t = 0)]
+    pub latency_ns: u64,
+    /// Seed of the get order.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Print one JSON object per line instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// Also write the results as JSON lines into this directory.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Directory of the pool files (tmpfs keeps them in DRAM).
+    #[arg(long, default_value = "/dev/shm")]
+    pub pool_dir: PathBuf,
+}
+
+impl Default for KvIndexArgs {
+    fn default() -> Self {
+        KvIndexArgs {
+            engine: "tree".into(),
+            sectors: vec![1, 8, 64, 1024],
+            mode: vec![Mode::Sync, Mode::Async],
+            keys: 10_000,
+            max_mib: 512,
+            workers: None,
+            repeat: 1,
+            latency_ns: 0,
+            seed: 1,
+            json: false,
+            out: None,
+            pool_dir: "/dev/shm".into(),
+        }
+    }
+}
+
+/// How the operations are called.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// Blocking `Db` calls from one thread.
+    Sync,
+    /// `AsyncDb` futures: all issued, then all awaited.
+    Async,
+}
+
+impl Mode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Sync => "sync",
+            Mode::Async => "async",
+        }
+    }
+}
+
+/// One row: an engine, a mode and a value size.
+#[derive(Serialize, Clone, Debug, PartialEq)]
+pub struct KvIndexResult {
+    pub engine: String,
+    pub mode: Mode,
+    pub value_sectors: u32,
+    /// Inserts and gets per second, with the ordered index.
+    pub ops_per_sec: f64,
+    /// Extra time the ordered index costs, in percent of the time without it.
+    pub index_overhead_pct: f64,
+}
+
+/// The options that create a pool of `engine` with or without its ordered
+/// index. A new engine is one more arm here (and its name in
+/// [`KV_ENGINES`]).
+pub fn engine_options(engine: &str, ordered_index: bool, base: Options) -> Result<Options> {
+    match engine {
+        // The tree keeps its keys in order by construction: there is no
+        // index to leave out, so both runs are of the same store.
+        "tree" => {
+            let _ = ordered_index;
+            Ok(base)
+        }
+        _ => Err(Error::InvalidOption(format!(
+            "bench kvindex: unknown engine '{engine}' (expected {})",
+            KV_ENGINES.join(", ")
+        ))),
+    }
+}
+
+/// The key of record `i` (1-based, as the paper's integers).
+pub fn record_key(i: u64) -> [u8; KEY_LEN] {
+    let digest = Sha1::digest(i.to_string().as_bytes());
+    let mut key = [0u8; KEY_LEN];
+    for (pair, b) in key.chunks_exact_mut(2).zip(digest.iter()) {
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        pair[0] = HEX[(b >> 4) as usize];
+        pair[1] = HEX[(b & 15) as usize];
+    }
+    key
+}
+
+/// Records a run at `sectors` writes: `keys`, capped so the values stay
+/// within `max_mib` MiB (at least one).
+pub fn records_for(keys: u64, sectors: u32, max_mib: u64) -> u64 {
+    let value = sectors as u64 * SECTOR as u64;
+    keys.min((max_mib << 20) / value.max(1)).max(1)
+}
+
+thread_local! {
+    /// Each thread's value buffer: a put builds its value here in place.
+    static VALUE: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Calls `f` with the value of `key` at `len` bytes (the key, then zeros),
+/// built in this thread's buffer.
+fn with_value<T>(key: &[u8; KEY_LEN], len: usize, f: impl FnOnce(&[u8]) -> T) -> T {
+    VALUE.with(|b| {
+        let mut b = b.borrow_mut();
+        if b.len() != len {
+            *b = vec![0; len];
+        }
+        b[..KEY_LEN].copy_from_slice(key);
+        f(&b)
+    })
+}
+
+fn check_value(key: &[u8; KEY_LEN], len: usize, got: Option<Vec<u8>>) -> Result<()> {
+    match got {
+        Some(v) if v.len() == len && v[..KEY_LEN] == key[..] => Ok(()),
+        other => Err(Error::InvalidOption(format!(
+            "bench kvindex: get of {} read {}, not its {len}-byte value",
+            String::from_utf8_lossy(key),
+            match other {
+                None => "nothing".to_string(),
+                Some(v) => format!("{} bytes", v.len()),
+            }
+        ))),
+    }
+}
+
+/// One measured run on a fresh pool; returns operations per second.
+fn run_once(
+    opts: Options,
+    pool_dir: &Path,
+    mode: Mode,
+    n: u64,
+    value_len: usize,
+    workers: usize,
+    seed: u64,
+) -> Result<f64> {
+    let path = pool_dir.join(format!(
+        "nvstore-bench-kvindex-{}-{}.pool",
+        std::process::id(),
+        rand::random::<u32>()
+    ));
+    let db = Db::create(&path, opts);
+    // The mapping keeps the pages; nothing is left behind if we crash.
+    let _ = std::fs::remove_file(&path);
+    let db = db?;
+    let keys: Vec<[u8; KEY_LEN]> = (1..=n).map(record_key).collect();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let order: Vec<usize> = (0..n).map(|_| rng.gen_range(0..n as usize)).collect();
+    match mode {
+        Mode::Sync => {
+            let t0 = Instant::now();
+            for k in &keys {
+                with_value(k, value_len, |v| db.put(k, v))?;
+            }
+            for &i in &order {
+                check_value(&keys[i], value_len, db.get(&keys[i])?)?;
+            }
+            let secs = t0.elapsed().as_secs_f64();
+            db.close()?;
+            Ok(2.0 * n as f64 / secs)
+        }
+        Mode::Async => {
+            let adb = AsyncDb::with_workers(db, workers);
+            let t0 = Instant::now();
+            // The paper's wrapper: each put is a function object on the
+            // queue. It builds its value on the worker, as the sync loop
+            // builds it in place, so neither mode copies values more.
+            let puts: Vec<_> = keys
+                .iter()
+                .map(|&k| adb.run(move |db| with_value(&k, value_len, |v| db.put(&k, v))))
+                .collect();
+            // One task awaits them all: it sleeps until some future is
+            // ready, not once per future.
+            for r in block_on(join_all(puts)) {
+                r?;
+            }
+            let gets: Vec<_> = order.iter().map(|&i| adb.get(&keys[i])).collect();
+            for (r, &i) in block_on(join_all(gets)).into_iter().zip(&order) {
+                check_value(&keys[i], value_len, r?)?;
+            }
+            let secs = t0.elapsed().as_secs_f64();
+            adb.close()?;
+            Ok(2.0 * n as f64 / secs)
+        }
+    }
+}
+
+/// Runs every configuration and returns the rows, plus a note for each
+/// value size whose record count was capped.
+pub fn run_kvindex(a: &KvIndexArgs) -> Result<(Vec<KvIndexResult>, Vec<String>)> {
+    let engines: Vec<&str> = a.engine.split(',').map(str::trim).collect();
+    for e in &engines {
+        engine_options(e, true, Options::default())?;
+    }
+    if a.sectors.is_empty() || a.sectors.contains(&0) {
+        return Err(Error::InvalidOption(
+            "--sectors needs sizes of at least one sector".into(),
+        ));
+    }
+    if let Some(&s) = a
+        .sectors
+        .iter()
+        .find(|&&s| s as usize * SECTOR > nvstore::tree::MAX_VALUE)
+    {
+        return Err(Error::InvalidOption(format!(
+            "--sectors {s}: values are limited to {} sectors",
+            nvstore::tree::MAX_VALUE / SECTOR
+        )));
+    }
+    let workers = a.workers.unwrap_or_else(default_workers).max(1);
+    let mut rows = Vec::new();
+    let mut notes = Vec::new();
+    for &sectors in &a.sectors {
+        let n = records_for(a.keys.max(1), sectors, a.max_mib);
+        let value_len = sectors as usize * SECTOR;
+        if n < a.keys {
+            notes.push(format!(
+                "{sectors} sectors: N = {n} of the {} records asked (values capped at {} MiB per run, --max-mib)",
+                a.keys, a.max_mib
+            ));
+        }
+        let base = Options {
+            create: true,
+            // Room for every value and its allocation rounding, so the
+            // pool never grows during a measured run.
+            size: (n * (value_len as u64 + 256) * 5 / 4 + (64 << 20)).next_multiple_of(2 << 20),
+            latency_ns: a.latency_ns,
+            ..Options::default()
+        };
+        for e in &engines {
+            for &mode in &a.mode {
+                let (mut with, mut without) = (0f64, 0f64);
+                // With and without alternate, so drift in the machine's
+                // load falls on both alike.
+                for r in 0..a.repeat.max(1) {
+                    let seed = a.seed.wrapping_add(r as u64);
+                    let o = engine_options(e, true, base.clone())?;
+                    with = with.max(run_once(o, &a.pool_dir, mode, n, value_len, workers, seed)?);
+                    let o = engine_options(e, false, base.clone())?;
+                    without = without.max(run_once(o, &a.pool_dir, mode, n, value_len, workers, seed)?);
+                }
+                rows.push(KvIndexResult {
+                    engine: e.to_string(),
+                    mode,
+                    value_sectors: sectors,
+                    ops_per_sec: with,
+                    index_overhead_pct: (without / with - 1.0) * 100.0,
+                });
+            }
+        }
+    }
+    Ok((rows, notes))
+}
+
+fn table(rs: &[KvIndexResult], out: &mut dyn Write) -> std::io::Result<()> {
+    writeln!(
+        out,
+        "{:<8} {:<6} {:>8} {:>10} {:>15}",
+        "engine", "mode", "sectors", "ops/s", "index overhead"
+    )?;
+    for r in rs {
+        writeln!(
+            out,
+            "{:<8} {:<6} {:>8} {:>10} {:>14.1}%",
+            r.engine,
+            r.mode.as_str(),
+            r.value_sectors,
+            fmt_ops(r.ops_per_sec),
+            r.index_overhead_pct
+        )?;
+    }
+    Ok(())
+}
+
+/// `nvstore bench kvindex`: runs and prints.
+pub fn kvindex_main(a: &KvIndexArgs, out: &mut dyn Write) -> Result<Vec<KvIndexResult>> {
+    let (rows, notes) = run_kvindex(a)?;
+    for n in &notes {
+        if a.json {
+            eprintln!("note: {n}");
+        } else {
+            writeln!(out, "note: {n}").map_err(|e| Error::io("<stdout>", e))?;
+        }
+    }
+    print_and_save(&rows, a.json, table, out, a.out.as_deref(), || "kvindex.jsonl".into())?;
+    Ok(rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_sha1_hex_of_the_integers() {
+        // SHA-1("1"), as `printf 1 | sha1sum` prints it.
+        assert_eq!(&record_key(1), b"356a192b7913b04c54574d18c28d46e6395428ab");
+        let keys: std::collections::HashSet<_> = (1..=10_000).map(record_key).collect();
+        assert_eq!(keys.len(), 10_000);
+    }
+
+    #[test]
+    fn record_count_is_capped_by_the_value_budget() {
+        assert_eq!(records_for(10_000, 1, 512), 10_000);
+        assert_eq!(records_for(10_000, 1024, 512), 1024);
+        assert_eq!(records_for(10_000, 1024, 0), 1);
+    }
+
+    #[test]
+    fn small_run_reports_every_row() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = KvIndexArgs {
+            sectors: vec![1, 3],
+            keys: 300,
+            max_mib: 1,
+            workers: Some(2),
+            pool_dir: dir.path().into(),
+            ..KvIndexArgs::default()
+        };
+        let (rows, notes) = run_kvindex(&a).unwrap();
+        let got: Vec<_> = rows.iter().map(|r| (r.mode, r.value_sectors)).collect();
+        assert_eq!(
+            got,
+            vec![(Mode::Sync, 1), (Mode::Async, 1), (Mode::Sync, 3), (Mode::Async, 3)]
+        );
+        assert!(rows
+            .iter()
+            .all(|r| r.ops_per_sec > 0.0 && r.index_overhead_pct.is_finite()));
+        // 3 sectors x 300 records is over 1 MiB only after 682 records: no cap.
+        assert!(notes.is_empty(), "{notes:?}");
+        let capped = KvIndexArgs {
+            sectors: vec![1024],
+            keys: 10,
+            ..a
+        };
+        let (rows, notes) = run_kvindex(&capped).unwrap();
+        assert_eq!(rows.len(), 2);
+        assert_eq!(
+            notes,
+            vec!["1024 sectors: N = 2 of the 10 records asked (values capped at 1 MiB per run, --max-mib)"]
+        );
+        // Every pool file is gone.
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn unknown_engine_and_bad_sizes_are_refused() {
+        let a = KvIndexArgs {
+            engine: "btrfs".into(),
+            ..KvIndexArgs::default()
+        };
+        assert!(matches!(run_kvindex(&a), Err(Error::InvalidOption(_))));
+        let a = KvIndexArgs {
+            sectors: vec![0],
+            ..KvIndexArgs::default()
+        };
+        assert!(matches!(run_kvindex(&a), Err(Error::InvalidOption(_))));
+        let a = KvIndexArgs {
+            sectors: vec![1 << 20],
+            ..KvIndexArgs::default()
+        };
+        assert!(matches!(run_kvindex(&a), Err(Error::InvalidOption(_))));
+    }
+}

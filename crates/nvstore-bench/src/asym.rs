@@ -97,10 +97,10 @@ pub fn run_asym(a: &AsymArgs) -> Result<AsymResult, String> {
     let mode = Mode::parse(&a.mode).ok_or_else(|| format!("unknown mode {:?}: naive, r, rc or rcb", a.mode))?;
     if !matches!(
         a.structure.as_str(),
-        "queue" | "stack" | "bptree" | "bst" | "hash" | "skiplist"
+        "queue" | "stack" | "bptree" | "bst" | "hash" | "skiplist" | "mvbst" | "mvbpt"
     ) {
         return Err(format!(
-            "structure {:?} is not implemented yet: queue, stack, bptree, bst, hash or skiplist",
+            "structure {:?} is not implemented yet: queue, stack, bptree, bst, hash, skiplist, mvbst or mvbpt",
             a.structure
         ));
     }

@@ -1,8 +1,8 @@
 //! Binary search tree (AsymNVM §8.3, §9.2): `u64` keys, 64-byte values,
 //! unbalanced. A node is `{key, left, right, value[64]}` (88 bytes); the
 //! metadata object is `{root, count}`. Nodes are read with their depth
-//! (the root is depth 1, the metadata 0), so the level-aware cache keeps
-//! the upper levels. Every write operation is one operation log and its
+//! (the root is depth 1, the metadata 0; four tree levels per cache level),
+//! so the level-aware cache keeps the upper levels. Every write operation is one operation log and its
 //! writes are memory logs; removing a node with two children moves its
 //! in-order successor's key and value into it and unlinks the successor.
 
@@ -59,6 +59,14 @@ impl Node {
     }
 }
 
+/// The cache level of a node at tree depth `depth` (root 1): a binary
+/// tree is about four times as deep as a B+-tree of fan-out 32, so four
+/// BST levels share one cache level and the level-aware cache can hold a
+/// BST of the same size as deep.
+pub(crate) fn cache_depth(depth: u32) -> u32 {
+    1 + depth.saturating_sub(1) / 4
+}
+
 /// A binary search tree on a back-end.
 pub struct Bst {
     meta: u64,
@@ -101,7 +109,7 @@ impl Bst {
     }
 
     fn read_node(r: &mut Remote, at: u64, depth: u32) -> Result<Node> {
-        Ok(Node::parse(&r.read(at, NODE, depth)?))
+        Ok(Node::parse(&r.read(at, NODE, cache_depth(depth))?))
     }
 
     /// Walks from `root` (pointed at by `link`) towards `key`.
@@ -160,7 +168,7 @@ impl Bst {
             right: 0,
             value: value.to_vec(),
         };
-        r.write_new(at, &n.bytes(), f.depth)?;
+        r.write_new(at, &n.bytes(), cache_depth(f.depth))?;
         r.write(f.link, &at.to_le_bytes())?;
         r.write(self.meta + 8, &(count + 1).to_le_bytes())
     }
@@ -226,7 +234,7 @@ pub(crate) fn walk(
     if at == 0 {
         return Ok(());
     }
-    let n = Node::parse(&r.read(at, NODE, depth)?);
+    let n = Node::parse(&r.read(at, NODE, cache_depth(depth))?);
     let (lo, hi) = *bounds;
     if n.key < lo || n.key > hi || out.contains_key(&n.key) {
         return Err(Error::Protocol(format!(

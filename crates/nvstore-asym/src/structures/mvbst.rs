@@ -15,7 +15,7 @@
 
 use std::collections::BTreeMap;
 
-use super::bst::{walk, Node, NODE};
+use super::bst::{cache_depth, walk, Node, NODE};
 use super::{u64_at, value64, Replay, VALUE};
 use crate::{Error, Remote, Result};
 
@@ -59,7 +59,7 @@ impl MvBst {
         let (mut at, _) = self.meta(r)?;
         let mut depth = 1;
         while at != 0 {
-            let n = Node::parse(&r.read(at, NODE, depth)?);
+            let n = Node::parse(&r.read(at, NODE, cache_depth(depth))?);
             if n.key == key {
                 return Ok(Some(n.value));
             }
@@ -85,7 +85,7 @@ impl MvBst {
         let mut at = root;
         let mut found = false;
         while at != 0 {
-            let n = Node::parse(&r.read(at, NODE, path.len() as u32 + 1)?);
+            let n = Node::parse(&r.read(at, NODE, cache_depth(path.len() as u32 + 1))?);
             let next = n.child(key).0;
             found = n.key == key;
             path.push((at, n));
@@ -103,7 +103,7 @@ impl MvBst {
                 return r.write(at + 24, value);
             }
             let c = r.alloc(NODE as u64)?;
-            r.write_new(c, &n.bytes(), path.len() as u32 + 1)?;
+            r.write_new(c, &n.bytes(), cache_depth(path.len() as u32 + 1))?;
             r.retire(at, NODE as u64)?;
             c
         } else {
@@ -115,7 +115,7 @@ impl MvBst {
                 right: 0,
                 value: value.to_vec(),
             };
-            r.write_new(c, &n.bytes(), path.len() as u32 + 1)?;
+            r.write_new(c, &n.bytes(), cache_depth(path.len() as u32 + 1))?;
             c
         };
         // Copy the path up to the root, or up to a node not yet visible.
@@ -133,7 +133,7 @@ impl MvBst {
                 n.right = cur;
             }
             let c = r.alloc(NODE as u64)?;
-            r.write_new(c, &n.bytes(), path.len() as u32 + 1)?;
+            r.write_new(c, &n.bytes(), cache_depth(path.len() as u32 + 1))?;
             r.retire(at, NODE as u64)?;
             cur = c;
             new_root = Some(cur);

@@ -15,18 +15,53 @@ use crate::pmem::Space;
 /// never change), and extended by appends before they publish, so a
 /// reader that sees an element sees its fingerprint. A slot whose
 /// fingerprint is unknown (0: appended by a writer that ran while a reader
-/// was building the hints) is read like any other.
+/// was building the hints) is read like any other. Laid out in field
+/// order: what every lookup reads first.
+#[repr(C)]
 pub struct Hints {
     pub(super) compact: u64,
     pub(super) compact_version: u64,
     /// Eight fingerprints per word (element `i` in byte `i % 8` of word
     /// `i / 8`), so a lookup tests eight elements at once.
-    pub(super) fp: Box<[std::sync::atomic::AtomicU64]>,
+    pub(super) fp: FpWords,
     /// Leaves of more than [`KeyTable::MIN_CAPACITY`] elements (enlarged
     /// ones, mostly) also map each key word to its newest element, so a
     /// lookup there reads one table slot and one element instead of
     /// scanning fingerprints back to the key's last write.
     pub(super) table: Option<KeyTable>,
+}
+
+/// The fingerprint words of a leaf: inside the hints (so inside the leaf's
+/// DRAM handle, no pointer to follow and miss on) for leaves of up to
+/// `8 * INLINE_WORDS` elements, the common node sizes; on the heap beyond.
+pub(super) enum FpWords {
+    Inline([AtomicU64; INLINE_WORDS]),
+    Heap(Box<[AtomicU64]>),
+}
+
+/// Fingerprint words kept inline: 32 elements, a 1 KB nv leaf's capacity.
+const INLINE_WORDS: usize = 4;
+
+impl FpWords {
+    /// `words` zeroed (unknown) fingerprint words.
+    pub(super) fn zeroed(words: usize) -> FpWords {
+        if words <= INLINE_WORDS {
+            FpWords::Inline(Default::default())
+        } else {
+            FpWords::Heap((0..words).map(|_| AtomicU64::new(0)).collect())
+        }
+    }
+}
+
+impl std::ops::Deref for FpWords {
+    type Target = [AtomicU64];
+    #[inline]
+    fn deref(&self) -> &[AtomicU64] {
+        match self {
+            FpWords::Inline(w) => w,
+            FpWords::Heap(w) => w,
+        }
+    }
 }
 
 /// Key word → index of the newest element with that key word, for one
@@ -279,11 +314,10 @@ pub(super) fn hints<'a, S: Space>(s: &S, leaf: &'a LeafRef) -> &'a Hints {
             0
         };
         let cap = size_cap.max(leaf.durable.load(Ordering::Relaxed));
-        let fp: Box<[std::sync::atomic::AtomicU64]> = (0..cap.div_ceil(8)).map(|_| Default::default()).collect();
         let h = Hints {
             compact: layout.compact,
             compact_version: layout.compact_version,
-            fp,
+            fp: FpWords::zeroed(cap.div_ceil(8) as usize),
             table: KeyTable::new(cap),
         };
         // Elements published now; any appended later note their own (or,
@@ -315,7 +349,7 @@ mod tests {
     use super::*;
 
     fn hints_with(fps: &[u8]) -> Hints {
-        let fp: Box<[AtomicU64]> = (0..fps.len().div_ceil(8)).map(|_| AtomicU64::new(0)).collect();
+        let fp = FpWords::zeroed(fps.len().div_ceil(8));
         for (i, &f) in fps.iter().enumerate() {
             let w = &fp[i / 8];
             w.store(

@@ -53,15 +53,14 @@ pub const MAX_KEY: usize = 64 * 1024;
 /// Largest value, in bytes.
 pub const MAX_VALUE: usize = 16 * 1024 * 1024;
 
-/// DRAM handle of one leaf.
+/// DRAM handle of one leaf. Laid out in field order, the fields a lookup
+/// reads first (so they share the handle's first cache lines).
+#[repr(C)]
 pub struct LeafRef {
     pub off: u64,
     pub size: u64,
     /// Elements known durable: readers scan up to here.
     pub durable: AtomicU64,
-    /// Set once the leaf has been replaced; writers that find it retry.
-    pub dead: AtomicBool,
-    pub lock: Mutex<()>,
     /// Formats that change published words in place (isle) make it odd
     /// while they do and until the change is durable; readers retry when
     /// it is odd or moved while they read.
@@ -70,14 +69,17 @@ pub struct LeafRef {
     /// in place); a reader or writer that routed here with an older index
     /// routes again.
     pub high: AtomicU64,
-    /// Workload profile of this leaf (NV-Tree Table 2), DRAM only.
-    pub counters: LeafCounters,
     /// Lookup hints of an nv leaf (fingerprints), DRAM only.
     pub hints: std::sync::OnceLock<hints::Hints>,
     /// Whether the leaf passed [`LeafFormat::validate`] (`None`) or what
     /// is damaged in it; set on first use of a leaf read from media, at
     /// creation for a leaf this process built.
     pub verdict: std::sync::OnceLock<Option<Damage>>,
+    /// Set once the leaf has been replaced; writers that find it retry.
+    pub dead: AtomicBool,
+    pub lock: Mutex<()>,
+    /// Workload profile of this leaf (NV-Tree Table 2), DRAM only.
+    pub counters: LeafCounters,
 }
 
 impl LeafRef {
@@ -292,10 +294,12 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
         loop {
             let _g = epoch::pin();
             let idx = self.index.load();
-            let leaf = idx.find_leaf(key);
-            self.sound(&leaf)?;
-            self.adaptive.read(&leaf.counters);
-            if let Some(v) = L::read_ref(&*self.space, &leaf, key, at) {
+            let found = idx.with_leaf(key, |leaf| -> Result<_> {
+                self.sound(leaf)?;
+                self.adaptive.read(&leaf.counters);
+                Ok(L::read_ref(&*self.space, leaf, key, at))
+            })?;
+            if let Some(v) = found {
                 return Ok(v.map(|v| v.with(&*self.space, f)));
             }
         }

@@ -33,7 +33,7 @@ pub mod transport;
 pub mod wire;
 
 pub use backend::{Backend, Layout};
-pub use remote::{Mode, Remote, RemoteOptions};
+pub use remote::{FlushTimer, Mode, Remote, RemoteOptions};
 
 pub use transport::{Client, Counters, Fault, FaultyTransport, LocalTransport, TcpTransport, Transport};
 
@@ -67,6 +67,14 @@ pub enum Error {
     /// The back-end answered something the protocol does not allow here.
     #[error("protocol: {0}")]
     Protocol(String),
+    /// A reader's view was overtaken by the writer (a replay ran between its
+    /// reads, or its versioned read outlasted the reclamation delay); the
+    /// read section runs again. Never returned by a read section.
+    #[error("read overtaken by a concurrent write")]
+    Retry,
+    /// A read section was overtaken `attempts` times in a row and gave up.
+    #[error("read gave up after {attempts} attempts overtaken by writes")]
+    Contended { attempts: u32 },
 }
 
 impl Error {

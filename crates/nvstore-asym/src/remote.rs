@@ -15,20 +15,37 @@
 //!   trip, acknowledged when durable) and its memory logs join a batch,
 //!   coalesced by address and sent with `tx_write` when `batch` operations
 //!   have gathered or the batch is older than `flush_after`, in the same
-//!   round trip as the next operation log. After a crash the operation logs
+//!   round trip as the next operation log, or by a [`FlushTimer`] when no
+//!   operation follows. After a crash the operation logs
 //!   the last transaction does not cover are executed again, exactly once
 //!   (AsymNVM §4.3, §7 case 2).
 //!
 //! Reads see the front-end's own writes: pending memory logs overlay what
 //! the back-end returns, and cached objects are updated in place.
 //!
+//! A front-end opened with [`Remote::open_reader`] is a reader: it takes no
+//! lock, caches nothing and cannot write. Readers of structures updated in
+//! place run their reads in [`Remote::read_locked`], the sequence-number
+//! reader lock of AsymNVM §6.3 (Algorithm 2): every read round trip carries
+//! a `seq_read` before and after its reads, so the check costs no extra
+//! round trip; the section is run again if the number was odd or changed.
+//! Readers of the multi-version structures run theirs in
+//! [`Remote::read_versioned`] instead: no lock, but the section must end
+//! within the reclamation delay (AsymNVM §6.2, "NVM Reclamation"): the
+//! writer puts a block it replaced back into use only `reclaim_after` after
+//! the version that dropped it reached the back-end.
+//!
 //! The front-end half of the two-tier allocator (AsymNVM §5.2) carves
 //! back-end slabs into blocks of one size class each, with free lists in
 //! DRAM; blocks of a slab or more come from the back-end directly and are
 //! freed by a memory log, atomically with the operation that frees them.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
 
 use crate::cache::Cache;
 use crate::transport::{Client, Counters, Transport};
@@ -75,7 +92,7 @@ pub struct RemoteOptions {
     pub mode: Mode,
     /// Operations per `tx_write` in rcb mode.
     pub batch: usize,
-    /// A batch older than this is sent with the next operation (or by `flush`).
+    /// A batch older than this is sent with the next operation (or by `flush`, or a [`FlushTimer`]).
     pub flush_after: Duration,
     /// Cache capacity in bytes (rc, rcb).
     pub cache_bytes: usize,
@@ -83,6 +100,12 @@ pub struct RemoteOptions {
     pub owner: u64,
     /// Name of the writer lock in the naming space.
     pub lock: String,
+    /// How long a block replaced by a multi-version structure stays out of
+    /// use after its version was published; a versioned read section that
+    /// lasts longer runs again (AsymNVM §6.2, `n` µs).
+    pub reclaim_after: Duration,
+    /// Attempts of a read section before it gives up with [`Error::Contended`].
+    pub read_attempts: u32,
 }
 
 impl Default for RemoteOptions {
@@ -94,6 +117,8 @@ impl Default for RemoteOptions {
             cache_bytes: 16 << 20,
             owner: 1,
             lock: "writer".into(),
+            reclaim_after: Duration::from_millis(4),
+            read_attempts: 10_000,
         }
     }
 }
@@ -123,6 +148,27 @@ pub struct Remote {
     // Allocator: size class -> free blocks, and the slab being carved.
     free: HashMap<u64, Vec<u64>>,
     carving: HashMap<u64, (u64, u64)>,
+    /// Blocks allocated since the last transaction reached the back-end:
+    /// no reader can see them yet, so they may be changed in place.
+    fresh: HashSet<u64>,
+    /// Blocks replaced by the operations not yet sent, and blocks replaced
+    /// by sent versions with the time they were sent (oldest first).
+    retire_pending: Vec<(u64, u64)>,
+    retired: VecDeque<(Instant, u64, u64)>,
+    reclaimed: u64,
+    /// A reader: no lock, no cache, no writes.
+    reader: bool,
+    section: Option<Section>,
+    read_retries: u64,
+}
+
+/// The read section in progress.
+#[derive(Clone, Copy, Debug)]
+enum Section {
+    /// Sequence-number lock: the number the section's first read saw.
+    Seq(Option<u64>),
+    /// Versioned read: started then.
+    Timed(Instant),
 }
 
 /// Size classes are multiples of this.
@@ -131,9 +177,34 @@ const GRAIN: u64 = 16;
 impl Remote {
     /// Connects over `t`, takes the writer lock (one round trip each).
     pub fn open(t: impl Transport + 'static, opts: RemoteOptions) -> Result<Remote> {
+        let mut r = Self::connect(t, opts, false)?;
+        let name = r.opts.lock.clone();
+        let owner = r.opts.owner;
+        match r.one(Verb::WriterLock { name, owner }, "writer_lock")? {
+            Reply::Word(h) if h == owner => {}
+            Reply::Word(h) => {
+                return Err(Error::Verb {
+                    verb: "writer_lock",
+                    code: Code::Locked,
+                    msg: format!("held by {h}"),
+                })
+            }
+            o => return Err(Error::Protocol(format!("writer_lock answered {o:?}"))),
+        }
+        Ok(r)
+    }
+
+    /// Connects over `t` as a reader (one round trip): no writer lock, no
+    /// cache (the writer changes what it would hold), no writes.
+    pub fn open_reader(t: impl Transport + 'static, mut opts: RemoteOptions) -> Result<Remote> {
+        opts.cache_bytes = 0;
+        Self::connect(t, opts, true)
+    }
+
+    fn connect(t: impl Transport + 'static, opts: RemoteOptions, reader: bool) -> Result<Remote> {
         let (client, hello) = Client::connect(t)?;
         let cache = Cache::new(if opts.mode.caches() { opts.cache_bytes } else { 0 }, 8);
-        let mut r = Remote {
+        Ok(Remote {
             client,
             op_next: hello.op_next,
             op_covered: hello.op_applied,
@@ -150,21 +221,31 @@ impl Remote {
             replaying: None,
             free: HashMap::new(),
             carving: HashMap::new(),
-        };
-        let name = r.opts.lock.clone();
-        let owner = r.opts.owner;
-        match r.one(Verb::WriterLock { name, owner }, "writer_lock")? {
-            Reply::Word(h) if h == owner => {}
-            Reply::Word(h) => {
-                return Err(Error::Verb {
-                    verb: "writer_lock",
-                    code: Code::Locked,
-                    msg: format!("held by {h}"),
-                })
-            }
-            o => return Err(Error::Protocol(format!("writer_lock answered {o:?}"))),
+            fresh: HashSet::new(),
+            retire_pending: Vec::new(),
+            retired: VecDeque::new(),
+            reclaimed: 0,
+            reader,
+            section: None,
+            read_retries: 0,
+        })
+    }
+
+    /// Whether this front-end is a reader ([`Remote::open_reader`]).
+    pub fn is_reader(&self) -> bool {
+        self.reader
+    }
+
+    /// Read sections run again because a write overtook them.
+    pub fn read_retries(&self) -> u64 {
+        self.read_retries
+    }
+
+    fn refuse_reader(&self, what: &str) -> Result<()> {
+        if self.reader {
+            return Err(Error::Protocol(format!("a reader cannot {what}")));
         }
-        Ok(r)
+        Ok(())
     }
 
     pub fn mode(&self) -> Mode {
@@ -185,6 +266,9 @@ impl Remote {
 
     /// Releases the writer lock after flushing (one or two round trips).
     pub fn close(mut self) -> Result<()> {
+        if self.reader {
+            return Ok(());
+        }
         self.flush()?;
         let (name, owner) = (self.opts.lock.clone(), self.opts.owner);
         self.one(Verb::WriterUnlock { name, owner }, "writer_unlock")
@@ -248,7 +332,35 @@ impl Remote {
             out.push(hit);
         }
         if !verbs.is_empty() {
+            let guarded = matches!(self.section, Some(Section::Seq(_)));
+            if let Some(Section::Timed(t0)) = self.section {
+                if t0.elapsed() >= self.opts.reclaim_after {
+                    return Err(Error::Retry);
+                }
+            }
+            if guarded {
+                verbs.insert(0, Verb::SeqRead);
+                verbs.push(Verb::SeqRead);
+            }
             let mut replies = self.client.post(&verbs)?.into_iter();
+            if guarded {
+                let before = match replies.next() {
+                    Some(Reply::Word(w)) => w,
+                    o => return Err(Error::Protocol(format!("seq_read answered {o:?}"))),
+                };
+                let after = match replies.next_back() {
+                    Some(Reply::Word(w)) => w,
+                    o => return Err(Error::Protocol(format!("seq_read answered {o:?}"))),
+                };
+                let Some(Section::Seq(start)) = &mut self.section else {
+                    unreachable!()
+                };
+                let start = *start.get_or_insert(before);
+                // Odd: a replay is running; changed: one ran since the section began.
+                if before % 2 == 1 || before != after || before != start {
+                    return Err(Error::Retry);
+                }
+            }
             for (i, &(addr, len, depth)) in objs.iter().enumerate() {
                 if out[i].is_some() {
                     continue;
@@ -265,6 +377,44 @@ impl Remote {
             }
         }
         Ok(out.into_iter().map(Option::unwrap).collect())
+    }
+
+    /// Runs `f`, a sequence of reads, under the sequence-number reader lock
+    /// (AsymNVM §6.3, Algorithm 2): `f` only ever sees data no replay changed
+    /// between its first and last read, and runs again otherwise (at most
+    /// `read_attempts` times). The check rides on `f`'s own round trips.
+    pub fn read_locked<T>(&mut self, f: impl FnMut(&mut Remote) -> Result<T>) -> Result<T> {
+        self.section_loop(|| Section::Seq(None), f)
+    }
+
+    /// Runs `f`, a sequence of reads of a multi-version structure, without a
+    /// lock: it runs again if it lasted `reclaim_after` or longer, since the
+    /// blocks of the version it started from may then be reused.
+    pub fn read_versioned<T>(&mut self, f: impl FnMut(&mut Remote) -> Result<T>) -> Result<T> {
+        self.section_loop(|| Section::Timed(Instant::now()), f)
+    }
+
+    fn section_loop<T>(
+        &mut self,
+        start: impl Fn() -> Section,
+        mut f: impl FnMut(&mut Remote) -> Result<T>,
+    ) -> Result<T> {
+        let attempts = self.opts.read_attempts.max(1);
+        for _ in 0..attempts {
+            self.section = Some(start());
+            let r = f(self);
+            let s = self.section.take();
+            let late = matches!(s, Some(Section::Timed(t0)) if t0.elapsed() >= self.opts.reclaim_after);
+            match r {
+                Err(Error::Retry) => {}
+                // What a late versioned read saw may have been reused: whatever it found is discarded.
+                _ if late => {}
+                r => return r,
+            }
+            self.read_retries += 1;
+            std::thread::yield_now();
+        }
+        Err(Error::Contended { attempts })
     }
 
     /// Patches `data` (read at `addr`) with pending memory logs.
@@ -295,6 +445,7 @@ impl Remote {
 
     /// Writes `data` at `addr` as part of the current operation.
     pub fn write(&mut self, addr: u64, data: &[u8]) -> Result<()> {
+        self.refuse_reader("write")?;
         if self.opts.mode == Mode::Naive {
             return self
                 .one(
@@ -378,15 +529,22 @@ impl Remote {
 
     /// Ends the current operation: acknowledged (durable) when this returns.
     pub fn commit(&mut self) -> Result<()> {
+        self.refuse_reader("commit")?;
         let op = self.op.take();
         match self.opts.mode {
-            Mode::Naive => Ok(()),
+            Mode::Naive => {
+                self.published();
+                Ok(())
+            }
             Mode::R | Mode::Rc => {
                 if self.pending.is_empty() && self.pending_frees.is_empty() {
+                    self.published();
                     return Ok(());
                 }
                 let logs = self.take_logs();
-                self.one(Verb::TxWrite { op_applied: 0, logs }, "tx_write").map(|_| ())
+                self.one(Verb::TxWrite { op_applied: 0, logs }, "tx_write")?;
+                self.published();
+                Ok(())
             }
             Mode::Rcb => {
                 self.batch_ops += 1;
@@ -429,6 +587,7 @@ impl Remote {
                 }
                 if full {
                     check(replies[1].clone(), "tx_write")?;
+                    self.published();
                 }
                 self.op_next = seq + 1;
                 self.op_covered = seq;
@@ -439,12 +598,28 @@ impl Remote {
 
     fn flush_batch(&mut self, op_applied: u64) -> Result<()> {
         let logs = self.take_logs();
-        self.one(Verb::TxWrite { op_applied, logs }, "tx_write").map(|_| ())
+        self.one(Verb::TxWrite { op_applied, logs }, "tx_write")?;
+        self.published();
+        Ok(())
+    }
+
+    /// Everything written so far has reached the back-end: new blocks are
+    /// visible from now on, and the blocks they replaced start their delay.
+    fn published(&mut self) {
+        self.fresh.clear();
+        if !self.retire_pending.is_empty() {
+            let now = Instant::now();
+            for (addr, len) in self.retire_pending.drain(..) {
+                self.retired.push_back((now, addr, len));
+            }
+        }
     }
 
     /// Sends pending memory logs now (rcb), one round trip if any.
     pub fn flush(&mut self) -> Result<()> {
         if self.pending.is_empty() && self.pending_frees.is_empty() && self.batch_ops == 0 {
+            // Everything written so far is on the back-end already.
+            self.published();
             return Ok(());
         }
         let covered = if self.opts.mode == Mode::Rcb {
@@ -453,6 +628,22 @@ impl Remote {
             0
         };
         self.flush_batch(covered)
+    }
+
+    /// Sends the batch if it is older than `flush_after` (rcb; one round
+    /// trip then, none otherwise). Never inside an operation. Answers
+    /// whether it sent one.
+    pub fn flush_if_due(&mut self) -> Result<bool> {
+        if self.opts.mode != Mode::Rcb || self.op.is_some() || self.replaying.is_some() {
+            return Ok(false);
+        }
+        match self.batch_since {
+            Some(t) if t.elapsed() >= self.opts.flush_after => {
+                self.flush()?;
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
     }
 
     /// Operation logs not covered by a replayed transaction: a restarted
@@ -469,6 +660,51 @@ impl Remote {
 
     /// Allocates `len` bytes of remote memory.
     pub fn alloc(&mut self, len: u64) -> Result<u64> {
+        self.refuse_reader("allocate")?;
+        self.reclaim()?;
+        let a = self.alloc_block(len)?;
+        self.fresh.insert(a);
+        Ok(a)
+    }
+
+    /// Whether the block at `addr` was allocated since the last transaction
+    /// reached the back-end (so no reader can reach it yet).
+    pub fn is_fresh(&self, addr: u64) -> bool {
+        self.fresh.contains(&addr)
+    }
+
+    /// Gives up a block that a new version replaced, as part of the current
+    /// operation: readers of older versions may still read it, so it is
+    /// reused only `reclaim_after` after this operation reached the
+    /// back-end (at once if no reader could ever see it).
+    pub fn retire(&mut self, addr: u64, len: u64) -> Result<()> {
+        if self.fresh.remove(&addr) {
+            return self.free(addr, len);
+        }
+        self.cache.remove(addr);
+        self.retire_pending.push((addr, len));
+        Ok(())
+    }
+
+    /// Blocks retired and not yet reused, and blocks reused so far.
+    pub fn retired(&self) -> (usize, u64) {
+        (self.retire_pending.len() + self.retired.len(), self.reclaimed)
+    }
+
+    /// Frees retired blocks whose delay has passed.
+    fn reclaim(&mut self) -> Result<()> {
+        while let Some(&(t, addr, len)) = self.retired.front() {
+            if t.elapsed() < self.opts.reclaim_after {
+                break;
+            }
+            self.retired.pop_front();
+            self.reclaimed += 1;
+            self.free(addr, len)?;
+        }
+        Ok(())
+    }
+
+    fn alloc_block(&mut self, len: u64) -> Result<u64> {
         let slab = self.hello.slab;
         if len > slab / 2 {
             let n = len.div_ceil(slab) as u32;
@@ -498,6 +734,7 @@ impl Remote {
     /// Frees a block from [`Remote::alloc`] as part of the current operation.
     pub fn free(&mut self, addr: u64, len: u64) -> Result<()> {
         self.cache.remove(addr);
+        self.fresh.remove(&addr);
         let slab = self.hello.slab;
         if len > slab / 2 {
             let n = len.div_ceil(slab) as u32;
@@ -517,5 +754,59 @@ fn check(r: Reply, what: &'static str) -> Result<Reply> {
     match r {
         Reply::Err(code, msg) => Err(Error::Verb { verb: what, code, msg }),
         r => Ok(r),
+    }
+}
+
+/// The background half of "flushed by count or timer" (rcb): a thread that
+/// sends a front-end's batch once it is `flush_after` old even when no
+/// further operation comes to carry it, so readers see an idle writer's
+/// last operations. Stops (and joins its thread) when dropped.
+pub struct FlushTimer {
+    stop: Arc<AtomicBool>,
+    flushes: Arc<AtomicU64>,
+    handle: Option<std::thread::JoinHandle<()>>,
+}
+
+impl FlushTimer {
+    /// Starts checking `r` every half `flush_after`. The front-end is
+    /// shared through a mutex; operations hold it from begin to commit,
+    /// so a timed flush never splits one.
+    pub fn start(r: Arc<Mutex<Remote>>) -> FlushTimer {
+        let period = (r.lock().opts.flush_after / 2).max(Duration::from_micros(100));
+        let stop = Arc::new(AtomicBool::new(false));
+        let flushes = Arc::new(AtomicU64::new(0));
+        let (s, f) = (stop.clone(), flushes.clone());
+        let handle = std::thread::spawn(move || {
+            while !s.load(Ordering::Acquire) {
+                std::thread::sleep(period);
+                match r.lock().flush_if_due() {
+                    Ok(true) => {
+                        f.fetch_add(1, Ordering::AcqRel);
+                    }
+                    Ok(false) => {}
+                    // The link is gone: the writer meets the error on its next operation.
+                    Err(_) => break,
+                }
+            }
+        });
+        FlushTimer {
+            stop,
+            flushes,
+            handle: Some(handle),
+        }
+    }
+
+    /// Batches the timer has sent.
+    pub fn flushes(&self) -> u64 {
+        self.flushes.load(Ordering::Acquire)
+    }
+}
+
+impl Drop for FlushTimer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
     }
 }

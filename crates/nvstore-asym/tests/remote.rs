@@ -268,3 +268,53 @@ fn an_old_batch_travels_with_the_next_operation_log() {
         (20, 20, 20)
     );
 }
+
+/// Queue length a reader sees on the back-end.
+fn seen_len(b: &SharedBackend) -> u64 {
+    let mut rd = Remote::open_reader(LocalTransport::new(b.clone()), opts(Mode::R, 1)).unwrap();
+    let q = Queue::open(&mut rd, "q").unwrap();
+    q.len(&mut rd).unwrap()
+}
+
+#[test]
+fn the_flush_timer_sends_an_idle_writers_batch() {
+    let b = backend();
+    let o = RemoteOptions {
+        mode: Mode::Rcb,
+        batch: 1000,
+        flush_after: Duration::from_millis(20),
+        ..RemoteOptions::default()
+    };
+    // Without the timer, an idle writer's batch stays in the front-end.
+    let mut r = Remote::open(LocalTransport::new(b.clone()), o.clone()).unwrap();
+    let mut q = Queue::open(&mut r, "q").unwrap();
+    for i in 0..5 {
+        q.enqueue(&mut r, i, &val(i)).unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(60));
+    assert_eq!(seen_len(&b), 0);
+    // A timer finds the batch old and sends it in one tx_write.
+    let start = r.counters().clone();
+    let shared = Arc::new(Mutex::new(r));
+    let timer = nvstore_asym::FlushTimer::start(shared.clone());
+    let t0 = std::time::Instant::now();
+    while seen_len(&b) != 5 && t0.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(seen_len(&b), 5);
+    assert_eq!(timer.flushes(), 1);
+    // Operations the writer runs meanwhile are never split by the timer.
+    for i in 5..50 {
+        q.enqueue(&mut shared.lock(), i, &val(i)).unwrap();
+    }
+    let t0 = std::time::Instant::now();
+    while seen_len(&b) != 50 && t0.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(seen_len(&b), 50);
+    drop(timer);
+    let r = Arc::try_unwrap(shared).ok().expect("timer thread joined").into_inner();
+    let d = r.counters().since(&start);
+    assert!(d.verbs_of("tx_write") >= 2, "{d:?}");
+    assert_eq!(d.verbs_of("op_log"), 45);
+}

@@ -1,4 +1,4 @@
-//! Hash table and skiplist over an in-process back-end: agreement with a
+//! Hash table, skiplist and BST over an in-process back-end: agreement with a
 //! model in every mode and after reopen, exact round trips per operation,
 //! and exactly-once re-execution after a writer dies.
 
@@ -8,7 +8,7 @@ use rand::{Rng, SeedableRng};
 
 use nvstore_asym::structures::hash::bucket_of;
 use nvstore_asym::structures::skiplist::height_of;
-use nvstore_asym::structures::{recover, HashTable, SkipList};
+use nvstore_asym::structures::{recover, Bst, HashTable, SkipList};
 use nvstore_asym::{Fault, FaultyTransport, LocalTransport, Mode, Remote};
 
 mod common;
@@ -65,6 +65,29 @@ impl Kv for SkipList {
     }
 }
 
+impl Kv for Bst {
+    fn put(&mut self, r: &mut Remote, k: u64, v: &[u8]) {
+        Bst::put(self, r, k, v).unwrap()
+    }
+    fn get(&self, r: &mut Remote, k: u64) -> Option<Vec<u8>> {
+        Bst::get(self, r, k).unwrap()
+    }
+    fn remove(&mut self, r: &mut Remote, k: u64) -> Option<Vec<u8>> {
+        Bst::remove(self, r, k).unwrap()
+    }
+    fn items(&self, r: &mut Remote) -> BTreeMap<u64, Vec<u8>> {
+        // The walk checks every key against its ancestors' bounds.
+        Bst::items(self, r).unwrap()
+    }
+    fn len(&self, r: &mut Remote) -> u64 {
+        Bst::len(self, r).unwrap()
+    }
+}
+
+fn open_bst(r: &mut Remote) -> Bst {
+    Bst::open(r, "b").unwrap()
+}
+
 fn open_hash(r: &mut Remote) -> HashTable {
     HashTable::open(r, "h", 64).unwrap()
 }
@@ -116,6 +139,11 @@ fn hash_table_agrees_with_a_model_in_every_mode_and_after_reopen() {
 #[test]
 fn skiplist_agrees_with_a_model_in_every_mode_and_after_reopen() {
     agrees_with_a_model(open_skip);
+}
+
+#[test]
+fn bst_agrees_with_a_model_in_every_mode_and_after_reopen() {
+    agrees_with_a_model(open_bst);
 }
 
 /// Round trips of `n` inserts of new keys (mallocs excluded) and the tx_writes among them.
@@ -259,4 +287,45 @@ fn a_hash_table_writer_that_dies_is_recovered_exactly_once() {
 #[test]
 fn a_skiplist_writer_that_dies_is_recovered_exactly_once() {
     dies_and_recovers(open_skip);
+}
+
+#[test]
+fn a_bst_writer_that_dies_is_recovered_exactly_once() {
+    dies_and_recovers(open_bst);
+}
+
+/// Keys 1..2^levels in level order of a perfect tree: inserted in this
+/// order, the key of level `d` (root 1) lands at depth `d`.
+fn level_order(levels: u32) -> Vec<(u64, u32)> {
+    let mut out = Vec::new();
+    for d in 1..=levels {
+        let step = 1u64 << (levels - d + 1);
+        let mut k = step / 2;
+        while k < 1 << levels {
+            out.push((k, d));
+            k += step;
+        }
+    }
+    out
+}
+
+#[test]
+fn bst_round_trips_per_insert_are_exact_in_each_mode() {
+    let order = level_order(8);
+    let keys: Vec<u64> = order.iter().map(|p| p.0).collect();
+    let n = keys.len() as u64;
+    assert_eq!(n, 255);
+    // Ancestors read by each insert: its depth minus one.
+    let ancestors: u64 = order.iter().map(|p| p.1 as u64 - 1).sum();
+    // naive: metadata, ancestors; write node, link, count.
+    assert_eq!(
+        insert_round_trips(Mode::Naive, 1, open_bst, &keys),
+        (4 * n + ancestors, 0)
+    );
+    // r: the same reads, one tx_write.
+    assert_eq!(insert_round_trips(Mode::R, 1, open_bst, &keys), (2 * n + ancestors, n));
+    // rc: eight levels fit the level-aware cache; new nodes are cached when written.
+    assert_eq!(insert_round_trips(Mode::Rc, 1, open_bst, &keys), (n, n));
+    // rcb: one operation log each; a tx_write every 10.
+    assert_eq!(insert_round_trips(Mode::Rcb, 10, open_bst, &keys), (n, n / 10));
 }

@@ -23,7 +23,6 @@
 
 use std::io::Write;
 use std::path::PathBuf;
-use std::sync::atomic::Ordering::Relaxed;
 use std::time::Instant;
 
 use rand::rngs::StdRng;
@@ -155,7 +154,7 @@ pub struct AdaptiveResult {
     pub mean_leaf_bytes: f64,
     pub used_bytes: u64,
     /// The calibrated model: T_r and T_w as fixed + per-line ns.
-    pub model: nvstore::tree::adaptive::Model,
+    pub model: nvstore::AdaptiveModel,
 }
 
 /// The strategies `--strategy` names, off first.
@@ -200,13 +199,13 @@ struct Runner {
 }
 
 fn stats(db: &Db) -> [u64; 5] {
-    let st = &db.tree().stats;
+    let st = db.stat();
     [
-        st.splits.load(Relaxed),
-        st.replaces.load(Relaxed),
-        st.merges.load(Relaxed),
-        st.rebuilds.load(Relaxed),
-        st.rebuild_ns.load(Relaxed),
+        st.splits,
+        st.replaces,
+        st.merges,
+        st.rebuilds,
+        (st.rebuild_ms * 1e6).round() as u64,
     ]
 }
 
@@ -312,10 +311,8 @@ impl Runner {
     }
 
     fn result(&self, args: &AdaptiveArgs) -> AdaptiveResult {
-        let tree = self.db.tree();
-        let sizes: Vec<u64> = tree.index.load().entries().iter().map(|e| e.leaf.size).collect();
+        let st = self.db.stat();
         let now = stats(&self.db);
-        let ad = &tree.adaptive;
         AdaptiveResult {
             bench: "adaptive",
             strategy: self.s.as_str(),
@@ -337,12 +334,12 @@ impl Runner {
             merges: now[2] - self.base[2],
             rebuilds: now[3] - self.base[3],
             rebuild_ms: (now[4] - self.base[4]) as f64 / 1e6,
-            enlarged: ad.enlarged.load(Relaxed),
-            shrunk: ad.shrunk.load(Relaxed),
-            hot_plns: ad.hot_plns.load(Relaxed),
-            leaves: sizes.len() as u64,
-            largest_leaf_bytes: sizes.iter().copied().max().unwrap_or(0),
-            mean_leaf_bytes: sizes.iter().sum::<u64>() as f64 / sizes.len().max(1) as f64,
+            enlarged: st.leaves_enlarged,
+            shrunk: st.leaves_shrunk,
+            hot_plns: st.hot_plns,
+            leaves: st.leaves,
+            largest_leaf_bytes: st.largest_leaf_bytes,
+            mean_leaf_bytes: st.mean_leaf_bytes,
             used_bytes: self.db.used_bytes(),
             model: self.db.adaptive_model(),
         }

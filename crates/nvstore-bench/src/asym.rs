@@ -1,7 +1,7 @@
 //! `nvstore bench asym`: AsymNVM Table 3 on this machine. One front-end
 //! runs a data structure on a back-end over loopback TCP; 100% writes
-//! (enqueue, push, or a put of a uniform random key into the B+-tree, hash
-//! table or skiplist), every operation acknowledged when durable.
+//! (enqueue, push, or a put of a uniform random key into the B+-tree, BST,
+//! hash table, skiplist, or the multi-version BST and B+-tree), every operation acknowledged when durable.
 //!
 //! The back-end runs in this process on its own threads (a pool file on
 //! /dev/shm, removed afterwards), or elsewhere with `--connect ADDR`.
@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
-use nvstore_asym::structures::{BpTree, HashTable, Queue, SkipList, Stack};
+use nvstore_asym::structures::{BpTree, Bst, HashTable, MvBpTree, MvBst, Queue, SkipList, Stack};
 use nvstore_asym::{Backend, Fault, FaultyTransport, Layout, Mode, Remote, RemoteOptions, TcpTransport, Transport};
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
@@ -20,7 +20,7 @@ use serde::Serialize;
 /// `nvstore bench asym` flags.
 #[derive(clap::Args, Clone, Debug)]
 pub struct AsymArgs {
-    /// Data structure: queue, stack (enqueue / push), bptree, hash or skiplist (puts of uniform random keys).
+    /// Data structure: queue, stack (enqueue / push), bptree, bst, hash, skiplist, mvbst or mvbpt (puts of uniform random keys).
     #[arg(long, default_value = "queue")]
     pub structure: String,
     /// naive, r, rc or rcb (AsymNVM Table 3).
@@ -63,10 +63,12 @@ pub struct AsymResult {
 /// bytes; B+-tree leaves hold 64-byte values about 3/4 full.
 fn item_bytes(structure: &str) -> u64 {
     match structure {
-        "bptree" => 100,
+        "bptree" | "mvbpt" => 100,
         // Node plus a bucket word; skiplist nodes average 1 1/3 links.
         "hash" => 88,
         "skiplist" => 91,
+        // 88-byte nodes in 96-byte blocks.
+        "bst" | "mvbst" => 96,
         _ => 80,
     }
 }
@@ -93,9 +95,12 @@ fn start_backend() -> Result<(SocketAddr, PathBuf), String> {
 /// Runs the benchmark and returns its result.
 pub fn run_asym(a: &AsymArgs) -> Result<AsymResult, String> {
     let mode = Mode::parse(&a.mode).ok_or_else(|| format!("unknown mode {:?}: naive, r, rc or rcb", a.mode))?;
-    if !matches!(a.structure.as_str(), "queue" | "stack" | "bptree" | "hash" | "skiplist") {
+    if !matches!(
+        a.structure.as_str(),
+        "queue" | "stack" | "bptree" | "bst" | "hash" | "skiplist"
+    ) {
         return Err(format!(
-            "structure {:?} is not implemented yet: queue, stack, bptree, hash or skiplist",
+            "structure {:?} is not implemented yet: queue, stack, bptree, bst, hash or skiplist",
             a.structure
         ));
     }
@@ -139,13 +144,17 @@ fn run_on(a: &AsymArgs, mode: Mode, addr: SocketAddr) -> Result<AsymResult, Stri
     let name = format!("{}-{}", a.structure, rand::random::<u32>());
     let value = [0x42u8; 64];
     let mut hist = Histogram::<u64>::new_with_bounds(1, 3_600_000_000_000, 3).expect("bounds");
-    let (mut q, mut s, mut tree, mut hash, mut skip) = (None, None, None, None, None);
+    let (mut q, mut s, mut tree, mut hash, mut skip, mut bst) = (None, None, None, None, None, None);
+    let (mut mvbst, mut mvbpt) = (None, None);
     match a.structure.as_str() {
         "queue" => q = Some(Queue::open(&mut r, &name).map_err(e)?),
         "stack" => s = Some(Stack::open(&mut r, &name).map_err(e)?),
         // About one bucket per key inserted.
         "hash" => hash = Some(HashTable::open(&mut r, &name, a.ops.max(1)).map_err(e)?),
         "skiplist" => skip = Some(SkipList::open(&mut r, &name).map_err(e)?),
+        "bst" => bst = Some(Bst::open(&mut r, &name).map_err(e)?),
+        "mvbst" => mvbst = Some(MvBst::open(&mut r, &name).map_err(e)?),
+        "mvbpt" => mvbpt = Some(MvBpTree::open(&mut r, &name).map_err(e)?),
         _ => tree = Some(BpTree::open(&mut r, &name).map_err(e)?),
     }
     let mut rng = rand::rngs::StdRng::seed_from_u64(42);
@@ -162,6 +171,12 @@ fn run_on(a: &AsymArgs, mode: Mode, addr: SocketAddr) -> Result<AsymResult, Stri
             h.put(&mut r, key, &value)
         } else if let Some(sl) = &mut skip {
             sl.put(&mut r, key, &value)
+        } else if let Some(b) = &mut bst {
+            b.put(&mut r, key, &value)
+        } else if let Some(b) = &mut mvbst {
+            b.put(&mut r, key, &value)
+        } else if let Some(b) = &mut mvbpt {
+            b.put(&mut r, key, &value)
         } else if let Some(tr) = &mut tree {
             tr.put(&mut r, key, &value)
         } else {

@@ -772,6 +772,120 @@ fn kill_under_pipelined_load_keeps_every_acknowledged_write() {
     );
 }
 
+/// SIGKILL while pipelined HSETs move hashes from the small layout (whole
+/// in one value) to one key per field: after a restart every acknowledged
+/// field is there, each hash holds a prefix of the fields its connection
+/// sent (commits are in order), HLEN agrees with HGETALL, and no field
+/// key is left without its hash.
+#[test]
+fn kill_while_hashes_change_layout_keeps_every_acknowledged_field() {
+    const FIELDS: u64 = 12;
+    let dir = pool_dir();
+    let pool = dir.path().join("p.nvs");
+    // Small up to 5 fields: every hash changes layout at its sixth field.
+    let opts = ["--hash-max-listpack-entries", "5"];
+    let s = Server::start(&pool, &opts);
+    let port = s.port;
+    // Per hash: how many of its fields were acknowledged.
+    let acked: Arc<Mutex<Vec<(String, u64)>>> = Arc::default();
+    let stop = Arc::new(AtomicBool::new(false));
+    let writers: Vec<_> = (0..2u64)
+        .map(|w| {
+            let acked = acked.clone();
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut c = Client::connect(port);
+                let mut h = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    // Three hashes at a time, their fields interleaved in one pipeline.
+                    let names: Vec<String> = (0..3).map(|j| format!("g{w}_{}", h + j)).collect();
+                    h += 3;
+                    let mut batch = Vec::new();
+                    for f in 0..FIELDS {
+                        for n in &names {
+                            let (fname, v) = (format!("f{f}"), format!("{n}:{f}"));
+                            batch.extend(encode(&[b"HSET", n.as_bytes(), fname.as_bytes(), v.as_bytes()]));
+                        }
+                    }
+                    c.send_raw(&batch);
+                    let mut done = vec![0u64; names.len()];
+                    for _ in 0..FIELDS {
+                        for (j, n) in names.iter().enumerate() {
+                            match c.read() {
+                                Ok(R::Int(1)) => done[j] += 1,
+                                Ok(r) => panic!("HSET {n} answered {r:?}"),
+                                Err(_) => {
+                                    let mut a = acked.lock().unwrap();
+                                    a.extend(names.iter().cloned().zip(done.iter().copied()));
+                                    return;
+                                }
+                            }
+                        }
+                    }
+                    acked.lock().unwrap().extend(names.into_iter().zip(done));
+                }
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(1500));
+    s.kill9();
+    stop.store(true, Ordering::Relaxed);
+    writers.into_iter().for_each(|t| t.join().unwrap());
+    let acked = acked.lock().unwrap().clone();
+    let whole = acked.iter().filter(|(_, n)| *n == FIELDS).count();
+    assert!(whole > 10, "only {whole} hashes were fully acknowledged");
+
+    let s = Server::start(&pool, &opts);
+    let mut c = s.client();
+    let acked: std::collections::HashMap<String, u64> = acked.into_iter().collect();
+    let R::Array(keys) = c.cmd(&["keys", "g*"]) else {
+        panic!()
+    };
+    let mut present = HashSet::new();
+    for k in keys {
+        let R::Bulk(k) = k else { panic!() };
+        present.insert(String::from_utf8(k).unwrap());
+    }
+    for h in present.iter().chain(acked.keys()) {
+        let R::Array(all) = c.cmd(&["hgetall", h]) else {
+            panic!()
+        };
+        let n = all.len() as u64 / 2;
+        assert!(
+            n >= acked.get(h).copied().unwrap_or(0),
+            "{h}: acknowledged fields lost ({n} left)"
+        );
+        assert_eq!(
+            c.cmd(&["hlen", h]),
+            R::Int(n as i64),
+            "{h}: HLEN disagrees with HGETALL"
+        );
+        // Fields f0..f{n-1} with their values, in field order.
+        let mut want: Vec<u64> = (0..n).collect();
+        want.sort_by_key(|f| format!("f{f}"));
+        let want: Vec<R> = want
+            .iter()
+            .flat_map(|f| [R::s(&format!("f{f}")), R::s(&format!("{h}:{f}"))])
+            .collect();
+        assert_eq!(all, want, "{h}: not a prefix of the fields sent");
+    }
+    // No field key outlives its hash: deleting each hash leaves nothing.
+    for h in &present {
+        c.cmd(&["del", h]);
+    }
+    assert_eq!(c.cmd(&["dbsize"]), R::Int(0));
+    let R::Bulk(info) = c.cmd(&["info", "nvstore"]) else {
+        panic!()
+    };
+    let info = String::from_utf8(info).unwrap();
+    assert!(info.contains("last_recovery:rebuild"), "{info}");
+    assert!(info.contains("tree_keys:0\r\n"), "field keys left behind: {info}");
+    eprintln!(
+        "{} hashes checked after SIGKILL, {whole} fully acknowledged",
+        present.len()
+    );
+}
+
 /// A client that pipelines large replies and does not read them, and one
 /// that connects and stays idle, block no one else; the slow client gets
 /// every reply, in order, once it reads.

@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 
 use crate::config::Config;
+use crate::keys::CompactLimits;
 use crate::resp::Limits;
 use nvstore::units::parse_size;
 
@@ -39,6 +40,17 @@ pub struct ServeArgs {
     /// Workload-adaptive node sizing: off, conservative, aggressive or balanced.
     #[arg(long, default_value_t = nvstore::db::DEFAULT_ADAPTIVE)]
     pub adaptive: nvstore::Adaptive,
+    /// Hashes with at most this many fields are stored whole in one value
+    /// (Redis' hash-max-listpack-entries); 0 stores every hash one key per field.
+    #[arg(long, default_value_t = CompactLimits::default().entries)]
+    pub hash_max_listpack_entries: usize,
+    /// ... and with every field and value at most this many bytes
+    /// (Redis' hash-max-listpack-value; Redis defaults to 64).
+    #[arg(long, default_value_t = CompactLimits::default().value)]
+    pub hash_max_listpack_value: usize,
+    /// ... and at most this many bytes in all (each write rewrites the whole value).
+    #[arg(long, default_value_t = CompactLimits::default().bytes)]
+    pub hash_max_listpack_bytes: usize,
 }
 
 impl ServeArgs {
@@ -54,6 +66,11 @@ impl ServeArgs {
             requirepass: self.requirepass,
             maxclients: self.maxclients,
             adaptive: self.adaptive,
+            compact: CompactLimits {
+                entries: self.hash_max_listpack_entries,
+                value: self.hash_max_listpack_value,
+                bytes: self.hash_max_listpack_bytes,
+            },
             limits: Limits {
                 max_bulk: usize::try_from(self.max_bulk).unwrap_or(usize::MAX),
                 ..d.limits

@@ -2,6 +2,7 @@
 
 use std::path::PathBuf;
 
+use crate::keys::CompactLimits;
 use crate::resp::Limits;
 
 /// What `nvstore serve` was asked to do.
@@ -23,6 +24,8 @@ pub struct Config {
     pub limits: Limits,
     /// Workload-adaptive node sizing strategy (NV-Tree §5).
     pub adaptive: nvstore::Adaptive,
+    /// When a hash is stored whole in its metadata value.
+    pub compact: CompactLimits,
 }
 
 impl Default for Config {
@@ -38,6 +41,7 @@ impl Default for Config {
             maxclients: 10_000,
             limits: Limits::default(),
             adaptive: nvstore::db::DEFAULT_ADAPTIVE,
+            compact: CompactLimits::default(),
         }
     }
 }

@@ -6,6 +6,9 @@
 //! 'm' user_key                                  metadata: { u8 type | ... }
 //!                                                 string: 's' value bytes
 //!                                                 hash:   'h' u64 LE field count
+//!                                                 small hash: 'H' u32 LE n, then n times
+//!                                                   { u32 LE len, field, u32 LE len, value }
+//!                                                   in field order (no sub-keys)
 //!                                                 zset:   'z' u64 LE member count
 //! 'h' u32 BE len(user_key) user_key field       hash field value
 //! 'z' u32 BE len(user_key) user_key member      zset score: score8 (below)
@@ -57,15 +60,83 @@ impl Type {
 #[derive(Clone, Debug, PartialEq)]
 pub enum Meta {
     String(Vec<u8>),
-    Hash { count: u64 },
-    ZSet { count: u64 },
+    /// A hash stored one key per field (`'h' len key field`).
+    Hash {
+        count: u64,
+    },
+    /// A small hash stored whole in its metadata value: (field, value)
+    /// pairs sorted by field, no duplicates, never empty.
+    SmallHash(Vec<(Vec<u8>, Vec<u8>)>),
+    ZSet {
+        count: u64,
+    },
+}
+
+/// When a hash is stored compactly in its metadata value (as Redis keeps
+/// small hashes in one listpack): at most `entries` fields, each field and
+/// value at most `value` bytes, and the whole encoding at most `bytes`
+/// bytes. A hash that outgrows a limit moves to one key per field in the
+/// same transaction as the write that outgrew it; it never moves back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CompactLimits {
+    pub entries: usize,
+    pub value: usize,
+    pub bytes: usize,
+}
+
+impl Default for CompactLimits {
+    fn default() -> Self {
+        CompactLimits {
+            entries: 128,
+            value: 1024,
+            bytes: 16 << 10,
+        }
+    }
+}
+
+impl CompactLimits {
+    /// Whether `pairs` may be stored compactly.
+    pub fn fits(&self, pairs: &[(Vec<u8>, Vec<u8>)]) -> bool {
+        pairs.len() <= self.entries
+            && pairs
+                .iter()
+                .all(|(f, v)| f.len() <= self.value && v.len() <= self.value)
+            && small_hash_len(pairs) <= self.bytes
+    }
+}
+
+/// Bytes of a small hash's metadata value.
+pub fn small_hash_len(pairs: &[(Vec<u8>, Vec<u8>)]) -> usize {
+    5 + pairs.iter().map(|(f, v)| 8 + f.len() + v.len()).sum::<usize>()
+}
+
+fn decode_small_hash(v: &[u8]) -> Option<Vec<(Vec<u8>, Vec<u8>)>> {
+    fn take<'a>(v: &mut &'a [u8]) -> Option<&'a [u8]> {
+        let n = u32::from_le_bytes(v.get(..4)?.try_into().ok()?) as usize;
+        let b = v.get(4..4 + n)?;
+        *v = &v[4 + n..];
+        Some(b)
+    }
+    let n = u32::from_le_bytes(v.get(1..5)?.try_into().ok()?) as usize;
+    let mut rest = &v[5..];
+    // Each pair takes at least 8 bytes: a corrupt count cannot allocate much.
+    let mut out: Vec<(Vec<u8>, Vec<u8>)> = Vec::with_capacity(n.min(rest.len() / 8));
+    for _ in 0..n {
+        let f = take(&mut rest)?;
+        let val = take(&mut rest)?;
+        if out.last().is_some_and(|(p, _)| p.as_slice() >= f) {
+            return None;
+        }
+        out.push((f.to_vec(), val.to_vec()));
+    }
+    (rest.is_empty() && !out.is_empty()).then_some(out)
 }
 
 impl Meta {
     pub fn ty(&self) -> Type {
         match self {
             Meta::String(_) => Type::String,
-            Meta::Hash { .. } => Type::Hash,
+            Meta::Hash { .. } | Meta::SmallHash(_) => Type::Hash,
             Meta::ZSet { .. } => Type::ZSet,
         }
     }
@@ -83,6 +154,18 @@ impl Meta {
                 out.extend_from_slice(&count.to_le_bytes());
                 out
             }
+            Meta::SmallHash(pairs) => {
+                let mut out = Vec::with_capacity(small_hash_len(pairs));
+                out.push(SMALL_HASH_TAG);
+                out.extend_from_slice(&(pairs.len() as u32).to_le_bytes());
+                for (f, v) in pairs {
+                    out.extend_from_slice(&(f.len() as u32).to_le_bytes());
+                    out.extend_from_slice(f);
+                    out.extend_from_slice(&(v.len() as u32).to_le_bytes());
+                    out.extend_from_slice(v);
+                }
+                out
+            }
         }
     }
 
@@ -97,10 +180,14 @@ impl Meta {
             }
             b'h' if v.len() == 9 => Some(Meta::Hash { count: count()? }),
             b'z' if v.len() == 9 => Some(Meta::ZSet { count: count()? }),
+            SMALL_HASH_TAG => decode_small_hash(&v).map(Meta::SmallHash),
             _ => None,
         }
     }
 }
+
+/// The metadata tag of a small hash.
+const SMALL_HASH_TAG: u8 = b'H';
 
 pub fn meta_key(user: &[u8]) -> Vec<u8> {
     let mut k = Vec::with_capacity(user.len() + 1);
@@ -196,11 +283,43 @@ mod tests {
             Meta::String(vec![]),
             Meta::Hash { count: 7 },
             Meta::ZSet { count: 1 << 40 },
+            Meta::SmallHash(vec![(b"a".to_vec(), vec![]), (b"b".to_vec(), b"xyz".to_vec())]),
         ] {
             assert_eq!(Meta::decode(m.encode()), Some(m));
         }
         assert_eq!(Meta::decode(vec![]), None);
         assert_eq!(Meta::decode(vec![b'h', 1]), None);
+        // Small hashes: empty, truncated, trailing bytes and unsorted fields are corrupt.
+        assert_eq!(Meta::decode(vec![b'H', 0, 0, 0, 0]), None);
+        let good = Meta::SmallHash(vec![(b"a".to_vec(), b"1".to_vec())]).encode();
+        assert_eq!(Meta::decode(good[..good.len() - 1].to_vec()), None);
+        let mut long = good.clone();
+        long.push(0);
+        assert_eq!(Meta::decode(long), None);
+        let unsorted = [
+            b'H', 2, 0, 0, 0, 1, 0, 0, 0, b'b', 0, 0, 0, 0, 1, 0, 0, 0, b'a', 0, 0, 0, 0,
+        ];
+        assert_eq!(Meta::decode(unsorted.to_vec()), None);
+    }
+
+    #[test]
+    fn compact_limits() {
+        let l = CompactLimits {
+            entries: 2,
+            value: 3,
+            bytes: 100,
+        };
+        let p = |f: &str, v: &str| (f.as_bytes().to_vec(), v.as_bytes().to_vec());
+        assert!(l.fits(&[p("a", "abc"), p("b", "")]));
+        assert!(!l.fits(&[p("a", "abcd")]));
+        assert!(!l.fits(&[p("a", ""), p("b", ""), p("c", "")]));
+        let tight = CompactLimits { bytes: 19, ..l };
+        assert!(tight.fits(&[p("abc", "abc")]));
+        assert!(!tight.fits(&[p("abc", "abc"), p("d", "")]));
+        assert_eq!(
+            small_hash_len(&[p("abc", "abc")]),
+            Meta::SmallHash(vec![p("abc", "abc")]).encode().len()
+        );
     }
 
     #[test]

@@ -77,7 +77,7 @@ impl Store {
             db.validate()?;
         }
         let db = Db::open(path, opts)?;
-        db.nv_tree()?;
+        db.supports_versions()?;
         Ok(Store { db })
     }
 
@@ -112,6 +112,64 @@ impl Store {
     /// The newest commit timestamp visible now.
     pub fn last_commit_ts(&self) -> u64 {
         self.db.last_commit_ts()
+    }
+}
+
+/// A read view for a command that reads one user key: its first point read
+/// goes straight to the newest committed state (no snapshot registration,
+/// no wait for writers in flight; every published element is durable), and
+/// only a second read or a scan pins a snapshot, which serves every read
+/// after it. A GET, an HGET or an HGETALL of a small hash is one point read.
+///
+/// The first read (a command's metadata) and the snapshot may be at
+/// different instants; the commands read the metadata first and only take
+/// the type and the layout from it, so the reply is still one the key had
+/// at some instant during the command.
+pub struct PointView<'a> {
+    store: &'a Store,
+    first_done: std::cell::Cell<bool>,
+    snap: std::cell::OnceCell<Snapshot<'a>>,
+}
+
+impl<'a> PointView<'a> {
+    pub fn new(store: &'a Store) -> Self {
+        PointView {
+            store,
+            first_done: std::cell::Cell::new(false),
+            snap: std::cell::OnceCell::new(),
+        }
+    }
+
+    fn snap(&self) -> &Snapshot<'a> {
+        self.snap.get_or_init(|| self.store.snapshot())
+    }
+}
+
+impl Kv for PointView<'_> {
+    fn get(&self, k: &[u8]) -> Result<Option<Vec<u8>>> {
+        if self.first_done.replace(true) {
+            Kv::get(self.snap(), k)
+        } else {
+            Ok(self.store.db.get(k)?)
+        }
+    }
+
+    fn put(&mut self, _: &[u8], _: &[u8]) -> Result<()> {
+        Err(Error::Engine(nvstore::Error::ReadOnly))
+    }
+
+    fn delete(&mut self, _: &[u8]) -> Result<()> {
+        Err(Error::Engine(nvstore::Error::ReadOnly))
+    }
+
+    fn scan<'s>(
+        &'s self,
+        lo: Bound<Vec<u8>>,
+        hi: Bound<Vec<u8>>,
+        rev: bool,
+    ) -> Box<dyn Iterator<Item = (Vec<u8>, Vec<u8>)> + 's> {
+        self.first_done.set(true);
+        self.snap().scan(lo, hi, rev)
     }
 }
 
@@ -225,6 +283,24 @@ mod tests {
         t.watch(b"k", s.last_commit_ts());
         t.put(b"x", b"y").unwrap();
         assert!(t.commit().is_ok());
+    }
+
+    #[test]
+    fn point_view_pins_only_after_its_first_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = open(&dir);
+        s.db().put(b"a", b"1").unwrap();
+        let v = PointView::new(&s);
+        assert_eq!(Kv::get(&v, b"a").unwrap(), Some(b"1".to_vec()));
+        assert_eq!(s.db().clock().snapshots(), 0, "one point read pins nothing");
+        assert_eq!(Kv::get(&v, b"b").unwrap(), None);
+        assert_eq!(s.db().clock().snapshots(), 1);
+        s.db().put(b"b", b"2").unwrap();
+        // Later reads stay on the snapshot taken at the second read.
+        assert_eq!(Kv::get(&v, b"b").unwrap(), None);
+        assert_eq!(v.scan(Bound::Unbounded, Bound::Unbounded, false).count(), 1);
+        drop(v);
+        assert_eq!(s.db().clock().snapshots(), 0);
     }
 
     #[test]

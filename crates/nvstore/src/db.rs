@@ -1,6 +1,6 @@
 //! The engine API (docs/design.md, "Layers"): open a pool, `get/put/delete/range/prefix`.
 
-use std::ops::{Bound as RB, RangeBounds};
+use std::ops::{Bound as RB, ControlFlow, RangeBounds};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -105,6 +105,23 @@ macro_rules! with_tree {
     };
 }
 
+/// Declares `Db`'s test hooks: `pub` with the `testing` feature, crate-private
+/// (and allowed to be unused) without it.
+macro_rules! hooks {
+    ($($(#[$m:meta])* fn $name:ident $sig:tt $(-> $ret:ty)? $body:block)*) => {
+        $(
+            #[cfg(feature = "testing")]
+            $(#[$m])*
+            pub fn $name $sig $(-> $ret)? $body
+
+            #[cfg(not(feature = "testing"))]
+            $(#[$m])*
+            #[allow(dead_code, reason = "a test hook, public with the testing feature")]
+            pub(crate) fn $name $sig $(-> $ret)? $body
+        )*
+    };
+}
+
 /// An open pool.
 pub struct Db<S: Space = FileSpace> {
     engine: Engine<S>,
@@ -113,6 +130,17 @@ pub struct Db<S: Space = FileSpace> {
     /// Whether the pool had been shut down cleanly when it was opened.
     was_clean: bool,
     closed: bool,
+}
+
+/// A leaf as [`Db::leaves`] reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct LeafInfo {
+    /// Offset of the leaf in the pool.
+    pub offset: u64,
+    /// Its node size in bytes.
+    pub size_bytes: u64,
+    /// Elements appended to it (live, superseded and deletion markers).
+    pub elements: u64,
 }
 
 /// What `nvstore stat` reports.
@@ -137,6 +165,14 @@ pub struct Stat {
     pub merges: u64,
     pub rebuilds: u64,
     pub rebuild_ms: f64,
+    /// Adaptivity: leaves rewritten larger / smaller than the leaf they
+    /// replaced, and parent-of-leaf nodes given a larger limit at rebuild.
+    pub leaves_enlarged: u64,
+    pub leaves_shrunk: u64,
+    pub hot_plns: u64,
+    /// Largest and mean leaf size in bytes (adaptivity changes them).
+    pub largest_leaf_bytes: u64,
+    pub mean_leaf_bytes: f64,
     /// Newest commit timestamp visible now.
     pub last_commit_ts: u64,
     /// Timestamp of the oldest live snapshot (or transaction), if any:
@@ -365,6 +401,11 @@ impl<S: Space> Db<S> {
     fn stat_of<L: crate::tree::leaf::LeafFormat>(&self, tree: &Tree<S, L>) -> Stat {
         use std::sync::atomic::Ordering::Relaxed;
         let st = &tree.stats;
+        let ad = &tree.adaptive;
+        let sizes: Vec<u64> = (tree.index.load().entries().iter())
+            .filter(|e| e.leaf.off != 0)
+            .map(|e| e.leaf.size)
+            .collect();
         let uuid = self.header.uuid.iter().map(|b| format!("{b:02x}")).collect();
         Stat {
             path: tree.path.display().to_string(),
@@ -378,13 +419,18 @@ impl<S: Space> Db<S> {
             leaf_format: self.header.leaf_format.as_str(),
             node_size: self.header.node_size,
             keys: self.len(),
-            leaves: tree.index.load().entries().iter().filter(|e| e.leaf.off != 0).count() as u64,
+            leaves: sizes.len() as u64,
             last_recovery: self.recovery,
             splits: st.splits.load(Relaxed),
             replaces: st.replaces.load(Relaxed),
             merges: st.merges.load(Relaxed),
             rebuilds: st.rebuilds.load(Relaxed),
             rebuild_ms: st.rebuild_ns.load(Relaxed) as f64 / 1e6,
+            leaves_enlarged: ad.enlarged.load(Relaxed),
+            leaves_shrunk: ad.shrunk.load(Relaxed),
+            hot_plns: ad.hot_plns.load(Relaxed),
+            largest_leaf_bytes: sizes.iter().copied().max().unwrap_or(0),
+            mean_leaf_bytes: sizes.iter().sum::<u64>() as f64 / sizes.len().max(1) as f64,
             last_commit_ts: tree.clock.last(),
             oldest_snapshot: tree.clock.oldest_snapshot(),
             snapshots: tree.clock.snapshots() as u64,
@@ -402,10 +448,73 @@ impl<S: Space> Db<S> {
         }
     }
 
-    /// The value stored for `key`.
+    /// The value stored for `key` (a copy: [`Db::get_with`] reads it in place).
     pub fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        self.get_with(key, <[u8]>::to_vec)
+    }
+
+    /// Runs `f` on the value stored for `key` without copying it out of
+    /// the pool (no allocation): `Ok(None)` when `key` has no value.
+    /// `f` runs inside the read, which holds back the reclamation of
+    /// replaced values meanwhile, so keep it short and do not block in it.
+    ///
+    /// ```no_run
+    /// # let db = nvstore::Db::open("/dev/shm/doc.pool", nvstore::Options::default())?;
+    /// let len = db.get_with(b"user:1", |v| v.len())?;
+    /// let starts = db.get_with(b"user:1", |v| v.starts_with(b"{"))?.unwrap_or(false);
+    /// # Ok::<(), nvstore::Error>(())
+    /// ```
+    #[inline]
+    pub fn get_with<R>(&self, key: &[u8], f: impl FnOnce(&[u8]) -> R) -> Result<Option<R>> {
         crate::tree::check_key(key)?;
-        with_tree!(self, t => t.get(key))
+        with_tree!(self, t => t.get_with(key, f))
+    }
+
+    /// Calls `f` on each pair with a key in `range`, in key order, lending
+    /// key and value without copying them, until `f` returns
+    /// [`ControlFlow::Break`]. The scan reads one leaf at a time (as
+    /// [`Db::range`] does) and `f` runs while that leaf's read is in
+    /// progress: keep it short. Stops at the first damaged leaf with its
+    /// [`Error::Corrupt`].
+    ///
+    /// ```no_run
+    /// # use std::ops::ControlFlow;
+    /// # let db = nvstore::Db::open("/dev/shm/doc.pool", nvstore::Options::default())?;
+    /// let mut bytes = 0;
+    /// db.range_with(&b"a"[..]..&b"b"[..], |_k, v| {
+    ///     bytes += v.len();
+    ///     ControlFlow::Continue(())
+    /// })?;
+    /// # Ok::<(), nvstore::Error>(())
+    /// ```
+    pub fn range_with<K: AsRef<[u8]>, R: RangeBounds<K>>(
+        &self,
+        range: R,
+        f: impl FnMut(&[u8], &[u8]) -> ControlFlow<()>,
+    ) -> Result<()> {
+        let (lo, hi) = owned_bounds(&range);
+        with_tree!(self, t => t.scan_with(lo, hi, false, u64::MAX, f))
+    }
+
+    /// [`Db::range_with`] in reverse key order.
+    pub fn range_rev_with<K: AsRef<[u8]>, R: RangeBounds<K>>(
+        &self,
+        range: R,
+        f: impl FnMut(&[u8], &[u8]) -> ControlFlow<()>,
+    ) -> Result<()> {
+        let (lo, hi) = owned_bounds(&range);
+        with_tree!(self, t => t.scan_with(lo, hi, true, u64::MAX, f))
+    }
+
+    /// [`Db::range_with`] over the pairs whose key starts with `prefix`.
+    pub fn prefix_with(&self, prefix: &[u8], f: impl FnMut(&[u8], &[u8]) -> ControlFlow<()>) -> Result<()> {
+        let (lo, hi) = prefix_bounds(prefix);
+        with_tree!(self, t => t.scan_with(lo, hi, false, u64::MAX, f))
+    }
+
+    /// [`Db::range_with`] over every pair.
+    pub fn for_each(&self, f: impl FnMut(&[u8], &[u8]) -> ControlFlow<()>) -> Result<()> {
+        with_tree!(self, t => t.scan_with(RB::Unbounded, RB::Unbounded, false, u64::MAX, f))
     }
 
     /// Stores `value` under `key`; durable when it returns.
@@ -485,73 +594,98 @@ impl<S: Space> Db<S> {
         self.header.leaf_format
     }
 
-    /// The tree of an nv pool; snapshots and transactions work on it.
-    pub fn nv_tree(&self) -> Result<&Arc<Tree<S, Nv>>> {
-        match &self.engine {
-            Engine::Nv(t) => Ok(t),
-            Engine::Isle(_) => Err(Error::Unsupported(format!(
-                "{} leaves keep no versions: snapshots, transactions and write batches need an nv pool \
-                 (nvstore create POOL --leaf nv)",
-                Isle::NAME
-            ))),
-        }
-    }
-
-    /// The commit-timestamp clock.
-    pub fn clock(&self) -> &crate::tree::mvcc::Clock {
-        with_tree!(self, t => &t.clock)
-    }
-
-    /// Structural counters of the tree.
-    pub fn tree_stats(&self) -> &TreeStats {
-        with_tree!(self, t => &t.stats)
-    }
-
-    /// Every leaf offset in chain order, with its element count.
-    pub fn leaf_offsets(&self) -> Vec<(u64, u64)> {
-        with_tree!(self, t => t.leaf_offsets())
-    }
-
-    /// The leaves the inner index routes to: offset, size, element count.
-    pub fn index_leaves(&self) -> Vec<(u64, u64, u64)> {
-        use std::sync::atomic::Ordering::Acquire;
-        with_tree!(self, t => t
-            .index
-            .load()
-            .entries()
-            .iter()
-            .map(|e| (e.leaf.off, e.leaf.size, e.leaf.durable.load(Acquire)))
-            .collect())
-    }
-
-    /// Installs (or removes) the split hook. For crash tests only.
-    #[doc(hidden)]
-    pub fn set_split_hook(&self, hook: Option<SplitHook>) {
-        with_tree!(self, t => t.set_split_hook(hook))
-    }
-
     /// How the pool was recovered when opened.
     pub fn recovery(&self) -> Recovery {
         self.recovery
     }
 
-    pub fn header(&self) -> &Header {
-        &self.header
+    /// `Ok` when the pool keeps versions, so snapshots, transactions and
+    /// write batches work on it; otherwise `Error::Unsupported` saying why.
+    pub fn supports_versions(&self) -> Result<()> {
+        self.nv_tree().map(|_| ())
     }
 
-    /// The tree of an nv pool.
-    ///
-    /// # Panics
-    /// On a pool of another leaf format ([`Db::nv_tree`] says why).
-    pub fn tree(&self) -> &Arc<Tree<S, Nv>> {
-        match self.nv_tree() {
-            Ok(t) => t,
-            Err(e) => panic!("{e}"),
+    /// Every leaf the inner index routes to, in key order.
+    pub fn leaves(&self) -> Vec<LeafInfo> {
+        self.index_leaves()
+            .into_iter()
+            .filter(|&(off, _, _)| off != 0)
+            .map(|(offset, size_bytes, elements)| LeafInfo {
+                offset,
+                size_bytes,
+                elements,
+            })
+            .collect()
+    }
+
+    // Test hooks: the tree, its clock and counters, the raw space, the
+    // header and the split hook. Public under the `testing` feature (this
+    // crate's integration tests), crate-private otherwise.
+    hooks! {
+        /// The tree of an nv pool; snapshots and transactions work on it.
+        fn nv_tree(&self) -> Result<&Arc<Tree<S, Nv>>> {
+            match &self.engine {
+                Engine::Nv(t) => Ok(t),
+                Engine::Isle(_) => Err(Error::Unsupported(format!(
+                    "{} leaves keep no versions: snapshots, transactions and write batches need an nv pool \
+                     (nvstore create POOL --leaf nv)",
+                    Isle::NAME
+                ))),
+            }
         }
-    }
 
-    pub fn space(&self) -> &S {
-        with_tree!(self, t => &t.space)
+        /// The commit-timestamp clock.
+        fn clock(&self) -> &crate::tree::mvcc::Clock {
+            with_tree!(self, t => &t.clock)
+        }
+
+        /// Structural counters of the tree.
+        fn tree_stats(&self) -> &TreeStats {
+            with_tree!(self, t => &t.stats)
+        }
+
+        /// Every leaf offset in chain order, with its element count.
+        fn leaf_offsets(&self) -> Vec<(u64, u64)> {
+            with_tree!(self, t => t.leaf_offsets())
+        }
+
+        /// The leaves the inner index routes to: offset, size, element count.
+        fn index_leaves(&self) -> Vec<(u64, u64, u64)> {
+            use std::sync::atomic::Ordering::Acquire;
+            with_tree!(self, t => t
+                .index
+                .load()
+                .entries()
+                .iter()
+                .map(|e| (e.leaf.off, e.leaf.size, e.leaf.durable.load(Acquire)))
+                .collect())
+        }
+
+        /// Installs (or removes) the split hook. For crash tests only.
+        fn set_split_hook(&self, hook: Option<SplitHook>) {
+            with_tree!(self, t => t.set_split_hook(hook))
+        }
+
+        /// The pool header as read at open.
+        fn header(&self) -> &Header {
+            &self.header
+        }
+
+        /// The tree of an nv pool.
+        ///
+        /// # Panics
+        /// On a pool of another leaf format ([`Db::nv_tree`] says why).
+        fn tree(&self) -> &Arc<Tree<S, Nv>> {
+            match self.nv_tree() {
+                Ok(t) => t,
+                Err(e) => panic!("{e}"),
+            }
+        }
+
+        /// The space the pool lives in.
+        fn space(&self) -> &S {
+            with_tree!(self, t => &t.space)
+        }
     }
 
     fn space_arc(&self) -> &Arc<S> {

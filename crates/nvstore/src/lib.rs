@@ -28,14 +28,27 @@ pub mod check;
 pub mod crashtest;
 pub mod db;
 pub mod error;
-pub mod format;
 mod hash;
 pub mod pmem;
-pub mod recovery;
 pub mod salvage;
-pub mod tree;
 pub mod txn;
 pub mod units;
+
+// The engine's rooms: crate-private. The `testing` feature opens them to
+// this crate's own integration tests, which poke pool bytes and tree
+// internals; nothing else may depend on them.
+#[cfg(feature = "testing")]
+pub mod format;
+#[cfg(not(feature = "testing"))]
+pub(crate) mod format;
+#[cfg(feature = "testing")]
+pub mod recovery;
+#[cfg(not(feature = "testing"))]
+pub(crate) mod recovery;
+#[cfg(feature = "testing")]
+pub mod tree;
+#[cfg(not(feature = "testing"))]
+pub(crate) mod tree;
 
 /// The README's examples compile and run as doc tests.
 #[cfg(doctest)]
@@ -44,9 +57,9 @@ pub struct ReadmeDoctests;
 
 pub use asyncdb::{AsyncDb, DbFuture};
 pub use check::CheckReport;
-pub use db::{Db, Options, Stat};
+pub use db::{Db, LeafInfo, Options, Stat};
 pub use error::{Error, Result};
 pub use format::header::LeafKind;
 pub use recovery::{Recovery, RecoveryKind};
-pub use tree::adaptive::Strategy as Adaptive;
+pub use tree::adaptive::{Model as AdaptiveModel, Strategy as Adaptive};
 pub use txn::{Snapshot, Txn, WriteBatch};

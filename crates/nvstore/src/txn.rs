@@ -19,14 +19,14 @@
 //! write with a timestamp: they read the latest state and commit at once.
 
 use std::collections::BTreeMap;
-use std::ops::{Bound as RB, RangeBounds};
+use std::ops::{Bound as RB, ControlFlow, RangeBounds};
 use std::sync::Arc;
 
 use crate::db::{owned, prefix_bounds, Db};
 use crate::error::{Error, Result};
 use crate::pmem::Space;
 use crate::tree::nv::Nv;
-use crate::tree::{check_key, in_range, RangeIter, SnapshotPin};
+use crate::tree::{check_key, in_range, no_keys_between, RangeIter, SnapshotPin};
 
 /// A stable read view of the store.
 pub struct Snapshot<'a, S: Space> {
@@ -52,6 +52,22 @@ impl<'a, S: Space> Snapshot<'a, S> {
     pub fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
         check_key(key)?;
         self.db.tree().get_at(key, self.pin.ts)
+    }
+
+    /// [`Db::get_with`] at the snapshot: `f` reads the value in place.
+    pub fn get_with<R>(&self, key: &[u8], f: impl FnOnce(&[u8]) -> R) -> Result<Option<R>> {
+        check_key(key)?;
+        self.db.tree().get_with_at(key, self.pin.ts, f)
+    }
+
+    /// [`Db::range_with`] at the snapshot.
+    pub fn range_with<K: AsRef<[u8]>, R: RangeBounds<K>>(
+        &self,
+        range: R,
+        f: impl FnMut(&[u8], &[u8]) -> ControlFlow<()>,
+    ) -> Result<()> {
+        let (lo, hi) = (owned(range.start_bound()), owned(range.end_bound()));
+        self.db.tree().scan_with(lo, hi, false, self.pin.ts, f)
     }
 
     /// Pairs in `range` at the snapshot, in key order.
@@ -114,6 +130,59 @@ impl<'a, S: Space> Txn<'a, S> {
             Some(v) => Ok(v.clone()),
             None => self.snap.get(key),
         }
+    }
+
+    /// [`Txn::get`] lending the value to `f`: this transaction's own write
+    /// from its buffer, else the snapshot's from the pool.
+    pub fn get_with<R>(&self, key: &[u8], f: impl FnOnce(&[u8]) -> R) -> Result<Option<R>> {
+        match self.writes.get(key) {
+            Some(v) => Ok(v.as_deref().map(f)),
+            None => self.snap.get_with(key, f),
+        }
+    }
+
+    /// [`Txn::range`] lending each pair to `f` in key order (until it
+    /// breaks): the snapshot's pairs merged with this transaction's own
+    /// writes, which win over the snapshot's for the same key.
+    pub fn range_with<K: AsRef<[u8]>, R: RangeBounds<K>>(
+        &self,
+        range: R,
+        mut f: impl FnMut(&[u8], &[u8]) -> ControlFlow<()>,
+    ) -> Result<()> {
+        let (lo, hi) = (owned(range.start_bound()), owned(range.end_bound()));
+        if no_keys_between(&lo, &hi) {
+            return Ok(()); // (`BTreeMap::range` panics on such bounds)
+        }
+        let mut own = self.writes.range::<Vec<u8>, _>((lo.clone(), hi.clone())).peekable();
+        let mut stopped = false;
+        self.snap.range_with((lo, hi), |k, v| {
+            // Own writes below `k` come first; one at `k` replaces the snapshot's.
+            while let Some((ok, ov)) = own.next_if(|(ok, _)| ok.as_slice() <= k) {
+                let same = ok.as_slice() == k;
+                if let Some(ov) = ov {
+                    if f(ok, ov).is_break() {
+                        stopped = true;
+                        return ControlFlow::Break(());
+                    }
+                }
+                if same {
+                    return ControlFlow::Continue(());
+                }
+            }
+            let flow = f(k, v);
+            stopped = flow.is_break();
+            flow
+        })?;
+        if !stopped {
+            for (ok, ov) in own {
+                if let Some(ov) = ov {
+                    if f(ok, ov).is_break() {
+                        break;
+                    }
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Buffers a write; it becomes visible to others at commit.

@@ -14,23 +14,23 @@ use crate::{Error, Remote, Result};
 /// Fan-out: keys per node.
 pub const FANOUT: usize = 32;
 const KEYS: usize = 16;
-const PAYLOAD: usize = KEYS + FANOUT * 8;
-const LEAF_SIZE: usize = PAYLOAD + FANOUT * VALUE;
-const INNER_SIZE: usize = PAYLOAD + (FANOUT + 1) * 8;
+pub(crate) const PAYLOAD: usize = KEYS + FANOUT * 8;
+pub(crate) const LEAF_SIZE: usize = PAYLOAD + FANOUT * VALUE;
+pub(crate) const INNER_SIZE: usize = PAYLOAD + (FANOUT + 1) * 8;
 const META: usize = 24;
 const OP_PUT: u8 = 1;
 
 #[derive(Clone, Debug)]
-struct Node {
-    leaf: bool,
-    next: u64,
-    keys: Vec<u64>,
-    vals: Vec<Vec<u8>>,
-    kids: Vec<u64>,
+pub(crate) struct Node {
+    pub leaf: bool,
+    pub next: u64,
+    pub keys: Vec<u64>,
+    pub vals: Vec<Vec<u8>>,
+    pub kids: Vec<u64>,
 }
 
 impl Node {
-    fn size(&self) -> usize {
+    pub(crate) fn size(&self) -> usize {
         if self.leaf {
             LEAF_SIZE
         } else {
@@ -38,10 +38,20 @@ impl Node {
         }
     }
 
-    fn parse(b: &[u8]) -> Node {
+    pub(crate) fn parse(b: &[u8]) -> Node {
         let w0 = u64_at(b, 0);
         let leaf = w0 & 1 == 1;
-        let n = (w0 >> 8) as usize;
+        // Bounded by the node's room, whatever the bytes say.
+        let n = ((w0 >> 8) as usize).min(FANOUT);
+        if !leaf && b.len() < INNER_SIZE || leaf && b.len() < LEAF_SIZE {
+            return Node {
+                leaf,
+                next: 0,
+                keys: vec![],
+                vals: vec![],
+                kids: vec![0],
+            };
+        }
         let keys = (0..n).map(|i| u64_at(b, KEYS + i * 8)).collect();
         let (vals, kids) = if leaf {
             (
@@ -62,7 +72,7 @@ impl Node {
         }
     }
 
-    fn bytes(&self) -> Vec<u8> {
+    pub(crate) fn bytes(&self) -> Vec<u8> {
         let mut b = vec![0u8; self.size()];
         b[..8].copy_from_slice(&((self.leaf as u64) | (self.keys.len() as u64) << 8).to_le_bytes());
         b[8..16].copy_from_slice(&self.next.to_le_bytes());

@@ -1,4 +1,6 @@
-//! Data structures run by a front-end on back-end memory (AsymNVM §8).
+//! Data structures run by a front-end on back-end memory (AsymNVM §8):
+//! queue, stack, B+-tree, hash table, skiplist, BST, and the multi-version
+//! BST and B+-tree whose readers take no lock.
 //!
 //! Each keeps its metadata object's address under a name in the back-end's
 //! naming space, describes every write operation by an operation log (its
@@ -6,13 +8,19 @@
 //! writer restarts ([`recover`]). Values are 64 bytes (AsymNVM §9.2).
 
 pub mod bptree;
+pub mod bst;
 pub mod hash;
 pub mod list;
+pub mod mvbptree;
+pub mod mvbst;
 pub mod skiplist;
 
 pub use bptree::BpTree;
+pub use bst::Bst;
 pub use hash::HashTable;
 pub use list::{Queue, Stack};
+pub use mvbptree::MvBpTree;
+pub use mvbst::MvBst;
 pub use skiplist::SkipList;
 
 use crate::{Remote, Result};
@@ -41,4 +49,12 @@ pub fn recover(r: &mut Remote, s: &mut impl Replay) -> Result<u64> {
 
 pub(crate) fn u64_at(b: &[u8], i: usize) -> u64 {
     u64::from_le_bytes(b[i..i + 8].try_into().unwrap())
+}
+
+/// `v` cut or zero-padded to [`VALUE`] bytes.
+pub(crate) fn value64(v: &[u8]) -> Vec<u8> {
+    let mut out = vec![0u8; VALUE];
+    let k = v.len().min(VALUE);
+    out[..k].copy_from_slice(&v[..k]);
+    out
 }

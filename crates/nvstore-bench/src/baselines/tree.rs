@@ -11,6 +11,7 @@
 //! `update` is a `get` followed by a `put`: `Db` has no "replace if present"
 //! call, so the tree pays one extra DRAM lookup per update (no extra flush).
 
+use std::ops::ControlFlow;
 use std::path::Path;
 
 use crate::engine::{BenchIndex, EngineStats, KeyKind};
@@ -106,7 +107,12 @@ impl<S: Space> BenchIndex for TreeEngine<S> {
     }
     fn update(&self, key: u64, value: u64) -> bool {
         let k = self.key(key);
-        if self.db.get(k.bytes()).expect("key size is valid").is_none() {
+        if self
+            .db
+            .get_with(k.bytes(), |_| ())
+            .expect("key size is valid")
+            .is_none()
+        {
             return false;
         }
         self.db
@@ -122,19 +128,24 @@ impl<S: Space> BenchIndex for TreeEngine<S> {
     }
     fn search(&self, key: u64) -> Option<u64> {
         let k = self.key(key);
-        self.db
-            .get(k.bytes())
-            .expect("key size is valid")
-            .map(|v| decode_value(&v))
+        self.db.get_with(k.bytes(), decode_value).expect("key size is valid")
     }
     fn scan(&self, start: u64, n: usize, out: &mut Vec<(u64, u64)>) {
         if n == 0 {
             return;
         }
         let k = self.key(start);
-        for (kb, vb) in self.db.range(k.bytes().to_vec()..).take(n) {
-            out.push((self.decode_key(&kb), decode_value(&vb)));
-        }
+        let want = out.len() + n;
+        self.db
+            .range_with(k.bytes().., |kb, vb| {
+                out.push((self.decode_key(kb), decode_value(vb)));
+                if out.len() < want {
+                    ControlFlow::Continue(())
+                } else {
+                    ControlFlow::Break(())
+                }
+            })
+            .expect("pool is sound");
     }
     fn stats(&self) -> EngineStats {
         let s = self.db.stat();

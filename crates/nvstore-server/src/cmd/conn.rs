@@ -482,6 +482,9 @@ fn config(sh: &Shared, a: &[Bytes]) -> Reply {
             ("requirepass", c.requirepass.clone().unwrap_or_default()),
             ("proto-max-bulk-len", c.limits.max_bulk.to_string()),
             ("io-threads", c.threads.to_string()),
+            ("hash-max-listpack-entries", c.compact.entries.to_string()),
+            ("hash-max-listpack-value", c.compact.value.to_string()),
+            ("hash-max-listpack-bytes", c.compact.bytes.to_string()),
         ];
         let mut out = Vec::new();
         for (k, v) in &params {

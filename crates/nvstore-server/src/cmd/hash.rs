@@ -1,19 +1,43 @@
-//! Hash commands. Fields are keys `'h' len(key) key field`; the metadata
-//! holds the field count and is rewritten by every write to the hash (so a
-//! WATCH on the key sees field changes too).
+//! Hash commands, over two layouts (see `keys.rs`):
+//!
+//! - **small** (the default for new hashes): every (field, value) pair in
+//!   the metadata value itself, sorted by field. HGETALL is one point read
+//!   and HSET one single-key write, which the engine commits in one leaf
+//!   with one count store (atomic across crashes, no commit record).
+//! - **large**: fields are keys `'h' len(key) key field`; the metadata
+//!   holds the field count and is rewritten by every write to the hash (so
+//!   a WATCH on the key sees field changes too).
+//!
+//! A small hash that outgrows [`CompactLimits`] moves to the large layout
+//! inside the transaction of the write that outgrew it: the field keys and
+//! the new metadata commit together, so a crash leaves either the small
+//! hash before the write or the large one after it. Large hashes stay
+//! large (as in Redis), and pools written before small hashes existed
+//! read as they are.
 
 use bytes::Bytes;
 
 use super::{fail, int_arg, meta, prefix_scan, CmdError, CmdResult, Cx, OVERFLOW, WRONGTYPE};
-use crate::keys::{meta_key, sub_key, sub_prefix, Meta, HASH};
+use crate::keys::{meta_key, sub_key, sub_prefix, CompactLimits, Meta, HASH};
 use crate::resp::Reply;
 use crate::store::Kv;
 
-/// The field count of hash `key` (0 if absent); WRONGTYPE for another type.
-fn hash_count(kv: &dyn Kv, key: &[u8]) -> Result<u64, CmdError> {
+/// (field, value) pairs of a hash, in field order.
+type Pairs = Vec<(Vec<u8>, Vec<u8>)>;
+
+/// A hash as its metadata says it is stored.
+enum Repr {
+    Absent,
+    Small(Pairs),
+    Large { count: u64 },
+}
+
+/// Hash `key`'s layout (`Absent` if missing); WRONGTYPE for another type.
+fn load(kv: &dyn Kv, key: &[u8]) -> Result<Repr, CmdError> {
     match meta(kv, key)? {
-        None => Ok(0),
-        Some(Meta::Hash { count }) => Ok(count),
+        None => Ok(Repr::Absent),
+        Some(Meta::SmallHash(p)) => Ok(Repr::Small(p)),
+        Some(Meta::Hash { count }) => Ok(Repr::Large { count }),
         Some(_) => fail(WRONGTYPE),
     }
 }
@@ -27,79 +51,147 @@ fn store_count(kv: &mut dyn Kv, key: &[u8], count: u64) -> Result<(), CmdError> 
     Ok(())
 }
 
-fn hset_pairs(kv: &mut dyn Kv, a: &[Bytes]) -> Result<i64, CmdError> {
+/// Stores the pairs of a hash that was small (or absent) before this
+/// command: compactly if they fit, else moved to one key per field, all in
+/// the caller's transaction.
+fn store_small(kv: &mut dyn Kv, key: &[u8], pairs: Pairs, lim: &CompactLimits) -> Result<(), CmdError> {
+    if pairs.is_empty() {
+        kv.delete(&meta_key(key))?;
+    } else if lim.fits(&pairs) {
+        kv.put(&meta_key(key), &Meta::SmallHash(pairs).encode())?;
+    } else {
+        for (f, v) in &pairs {
+            kv.put(&sub_key(HASH, key, f), v)?;
+        }
+        store_count(kv, key, pairs.len() as u64)?;
+    }
+    Ok(())
+}
+
+/// Sets `field` in sorted `pairs`; true if it was new.
+fn small_set(pairs: &mut Pairs, field: &[u8], value: &[u8]) -> bool {
+    match pairs.binary_search_by(|(f, _)| f.as_slice().cmp(field)) {
+        Ok(i) => {
+            pairs[i].1 = value.to_vec();
+            false
+        }
+        Err(i) => {
+            pairs.insert(i, (field.to_vec(), value.to_vec()));
+            true
+        }
+    }
+}
+
+fn small_get<'p>(pairs: &'p Pairs, field: &[u8]) -> Option<&'p Vec<u8>> {
+    pairs
+        .binary_search_by(|(f, _)| f.as_slice().cmp(field))
+        .ok()
+        .map(|i| &pairs[i].1)
+}
+
+fn hset_pairs(kv: &mut dyn Kv, cx: &Cx, a: &[Bytes]) -> Result<i64, CmdError> {
     if !a.len().is_multiple_of(2) {
         return Err(CmdError::Reply(super::wrong_arity(
             &String::from_utf8_lossy(&a[0]).to_lowercase(),
         )));
     }
     let key = &a[1];
-    let mut count = hash_count(kv, key)?;
     let mut added = 0;
-    for p in a[2..].chunks(2) {
-        let fk = sub_key(HASH, key, &p[0]);
-        if kv.get(&fk)?.is_none() {
-            added += 1;
-            count += 1;
+    match load(kv, key)? {
+        Repr::Absent => {
+            let mut pairs = Vec::with_capacity(a.len() / 2 - 1);
+            for p in a[2..].chunks(2) {
+                added += small_set(&mut pairs, &p[0], &p[1]) as i64;
+            }
+            store_small(kv, key, pairs, &cx.sh.cfg.compact)?;
         }
-        kv.put(&fk, &p[1])?;
+        Repr::Small(mut pairs) => {
+            for p in a[2..].chunks(2) {
+                added += small_set(&mut pairs, &p[0], &p[1]) as i64;
+            }
+            store_small(kv, key, pairs, &cx.sh.cfg.compact)?;
+        }
+        Repr::Large { mut count } => {
+            for p in a[2..].chunks(2) {
+                let fk = sub_key(HASH, key, &p[0]);
+                if kv.get(&fk)?.is_none() {
+                    added += 1;
+                    count += 1;
+                }
+                kv.put(&fk, &p[1])?;
+            }
+            store_count(kv, key, count)?;
+        }
     }
-    store_count(kv, key, count)?;
     Ok(added)
 }
 
-pub fn hset(kv: &mut dyn Kv, _: &Cx, a: &[Bytes]) -> CmdResult {
-    Ok(Reply::Int(hset_pairs(kv, a)?))
+pub fn hset(kv: &mut dyn Kv, cx: &Cx, a: &[Bytes]) -> CmdResult {
+    Ok(Reply::Int(hset_pairs(kv, cx, a)?))
 }
 
-pub fn hmset(kv: &mut dyn Kv, _: &Cx, a: &[Bytes]) -> CmdResult {
-    hset_pairs(kv, a)?;
+pub fn hmset(kv: &mut dyn Kv, cx: &Cx, a: &[Bytes]) -> CmdResult {
+    hset_pairs(kv, cx, a)?;
     Ok(Reply::ok())
 }
 
-pub fn hsetnx(kv: &mut dyn Kv, _: &Cx, a: &[Bytes]) -> CmdResult {
-    let count = hash_count(kv, &a[1])?;
-    let fk = sub_key(HASH, &a[1], &a[2]);
-    if kv.get(&fk)?.is_some() {
-        return Ok(Reply::Int(0));
+pub fn hsetnx(kv: &mut dyn Kv, cx: &Cx, a: &[Bytes]) -> CmdResult {
+    match load(kv, &a[1])? {
+        Repr::Absent => {
+            store_small(kv, &a[1], vec![(a[2].to_vec(), a[3].to_vec())], &cx.sh.cfg.compact)?;
+        }
+        Repr::Small(mut pairs) => {
+            if !small_set(&mut pairs, &a[2], &a[3]) {
+                return Ok(Reply::Int(0));
+            }
+            store_small(kv, &a[1], pairs, &cx.sh.cfg.compact)?;
+        }
+        Repr::Large { count } => {
+            let fk = sub_key(HASH, &a[1], &a[2]);
+            if kv.get(&fk)?.is_some() {
+                return Ok(Reply::Int(0));
+            }
+            kv.put(&fk, &a[3])?;
+            store_count(kv, &a[1], count + 1)?;
+        }
     }
-    kv.put(&fk, &a[3])?;
-    store_count(kv, &a[1], count + 1)?;
     Ok(Reply::Int(1))
 }
 
+/// The value of one field.
+fn field(kv: &dyn Kv, repr: &Repr, key: &[u8], f: &[u8]) -> Result<Option<Vec<u8>>, CmdError> {
+    Ok(match repr {
+        Repr::Absent => None,
+        Repr::Small(p) => small_get(p, f).cloned(),
+        Repr::Large { .. } => kv.get(&sub_key(HASH, key, f))?,
+    })
+}
+
 pub fn hget(kv: &mut dyn Kv, _: &Cx, a: &[Bytes]) -> CmdResult {
-    if hash_count(kv, &a[1])? == 0 {
-        return Ok(Reply::Nil);
-    }
-    Ok(kv.get(&sub_key(HASH, &a[1], &a[2]))?.map_or(Reply::Nil, Reply::Bulk))
+    let repr = load(kv, &a[1])?;
+    Ok(field(kv, &repr, &a[1], &a[2])?.map_or(Reply::Nil, Reply::Bulk))
 }
 
 pub fn hmget(kv: &mut dyn Kv, _: &Cx, a: &[Bytes]) -> CmdResult {
-    let exists = hash_count(kv, &a[1])? > 0;
+    let repr = load(kv, &a[1])?;
     let mut out = Vec::with_capacity(a.len() - 2);
     for f in &a[2..] {
-        let v = if exists {
-            kv.get(&sub_key(HASH, &a[1], f))?
-        } else {
-            None
-        };
-        out.push(v.map_or(Reply::Nil, Reply::Bulk));
+        out.push(field(kv, &repr, &a[1], f)?.map_or(Reply::Nil, Reply::Bulk));
     }
     Ok(Reply::Array(out))
 }
 
-/// (field, value) pairs of hash `key`, in field order.
-type Pairs = Vec<(Vec<u8>, Vec<u8>)>;
-
 fn fields(kv: &dyn Kv, key: &[u8]) -> Result<Pairs, CmdError> {
-    if hash_count(kv, key)? == 0 {
-        return Ok(Vec::new());
+    match load(kv, key)? {
+        Repr::Absent | Repr::Large { count: 0 } => Ok(Vec::new()),
+        Repr::Small(p) => Ok(p),
+        Repr::Large { .. } => {
+            let p = sub_prefix(HASH, key);
+            Ok(prefix_scan(kv, &p, false)
+                .map(|(k, v)| (k[p.len()..].to_vec(), v))
+                .collect())
+        }
     }
-    let p = sub_prefix(HASH, key);
-    Ok(prefix_scan(kv, &p, false)
-        .map(|(k, v)| (k[p.len()..].to_vec(), v))
-        .collect())
 }
 
 pub fn hgetall(kv: &mut dyn Kv, _: &Cx, a: &[Bytes]) -> CmdResult {
@@ -121,52 +213,76 @@ pub fn hvals(kv: &mut dyn Kv, _: &Cx, a: &[Bytes]) -> CmdResult {
     ))
 }
 
-pub fn hdel(kv: &mut dyn Kv, _: &Cx, a: &[Bytes]) -> CmdResult {
-    let mut count = hash_count(kv, &a[1])?;
-    if count == 0 {
-        return Ok(Reply::Int(0));
-    }
+pub fn hdel(kv: &mut dyn Kv, cx: &Cx, a: &[Bytes]) -> CmdResult {
     let mut removed = 0;
-    for f in &a[2..] {
-        let fk = sub_key(HASH, &a[1], f);
-        if kv.get(&fk)?.is_some() {
-            kv.delete(&fk)?;
-            removed += 1;
-            count -= 1;
+    match load(kv, &a[1])? {
+        Repr::Absent | Repr::Large { count: 0 } => {}
+        Repr::Small(mut pairs) => {
+            for f in &a[2..] {
+                if let Ok(i) = pairs.binary_search_by(|(p, _)| p.as_slice().cmp(f)) {
+                    pairs.remove(i);
+                    removed += 1;
+                }
+            }
+            if removed > 0 {
+                store_small(kv, &a[1], pairs, &cx.sh.cfg.compact)?;
+            }
         }
-    }
-    if removed > 0 {
-        store_count(kv, &a[1], count)?;
+        Repr::Large { mut count } => {
+            for f in &a[2..] {
+                let fk = sub_key(HASH, &a[1], f);
+                if kv.get(&fk)?.is_some() {
+                    kv.delete(&fk)?;
+                    removed += 1;
+                    count -= 1;
+                }
+            }
+            if removed > 0 {
+                store_count(kv, &a[1], count)?;
+            }
+        }
     }
     Ok(Reply::Int(removed))
 }
 
 pub fn hlen(kv: &mut dyn Kv, _: &Cx, a: &[Bytes]) -> CmdResult {
-    Ok(Reply::Int(hash_count(kv, &a[1])? as i64))
+    Ok(Reply::Int(match load(kv, &a[1])? {
+        Repr::Absent => 0,
+        Repr::Small(p) => p.len() as i64,
+        Repr::Large { count } => count as i64,
+    }))
 }
 
 pub fn hexists(kv: &mut dyn Kv, _: &Cx, a: &[Bytes]) -> CmdResult {
-    if hash_count(kv, &a[1])? == 0 {
-        return Ok(Reply::Int(0));
-    }
-    Ok(Reply::Int(kv.get(&sub_key(HASH, &a[1], &a[2]))?.is_some() as i64))
+    let repr = load(kv, &a[1])?;
+    Ok(Reply::Int(field(kv, &repr, &a[1], &a[2])?.is_some() as i64))
 }
 
-pub fn hincrby(kv: &mut dyn Kv, _: &Cx, a: &[Bytes]) -> CmdResult {
+pub fn hincrby(kv: &mut dyn Kv, cx: &Cx, a: &[Bytes]) -> CmdResult {
     let by = int_arg(&a[3])?;
-    let mut count = hash_count(kv, &a[1])?;
-    let fk = sub_key(HASH, &a[1], &a[2]);
-    let cur = match kv.get(&fk)? {
-        None => {
-            count += 1;
-            0
-        }
+    let repr = load(kv, &a[1])?;
+    let cur = match field(kv, &repr, &a[1], &a[2])? {
+        None => 0,
         Some(v) => crate::num::parse_i64(&v).map_or_else(|| fail("ERR hash value is not an integer"), Ok)?,
     };
     let Some(n) = cur.checked_add(by) else {
         return fail(OVERFLOW);
     };
-    kv.put(&fk, n.to_string().as_bytes())?;
-    store_count(kv, &a[1], count)?;
+    let nv = n.to_string();
+    match repr {
+        Repr::Absent => store_small(kv, &a[1], vec![(a[2].to_vec(), nv.into_bytes())], &cx.sh.cfg.compact)?,
+        Repr::Small(mut pairs) => {
+            small_set(&mut pairs, &a[2], nv.as_bytes());
+            store_small(kv, &a[1], pairs, &cx.sh.cfg.compact)?;
+        }
+        Repr::Large { mut count } => {
+            let fk = sub_key(HASH, &a[1], &a[2]);
+            if kv.get(&fk)?.is_none() {
+                count += 1;
+            }
+            kv.put(&fk, nv.as_bytes())?;
+            store_count(kv, &a[1], count)?;
+        }
+    }
     Ok(Reply::Int(n))
 }

@@ -9,8 +9,7 @@
 //! written, flushed and fenced (with the element) before the count that
 //! publishes the element, and never changes afterwards.
 
-pub const KEY_LEN_OFF: u64 = 0;
-pub const VALUE_LEN_OFF: u64 = 4;
+/// Where the bytes start: after the header word ([`header_word`]).
 pub const DATA_OFF: u64 = 8;
 
 /// Bytes a blob needs.

@@ -196,19 +196,19 @@ pub const fn valid(code: u8) -> bool {
     code <= LAST_CODE
 }
 
-/// Header lines of a leaf of `size` bytes.
+/// Header lines of a leaf of `size` bytes: the fewest `h` whose bytes
+/// hold the fixed words and one code per data line, that is
+/// `CODES_OFF + (lines - h) <= h * LINE`. Computed in one step, so a
+/// damaged `size` word costs no time.
 pub const fn header_lines(size: u64) -> u64 {
     let lines = size / LINE;
-    let mut h = 1;
-    while CODES_OFF + (lines - h) > h * LINE {
-        h += 1;
-    }
-    h
+    (CODES_OFF + lines).div_ceil(LINE + 1)
 }
 
-/// Data lines of a leaf of `size` bytes.
+/// Data lines of a leaf of `size` bytes (0 for a size too small to be a
+/// leaf's).
 pub const fn data_lines(size: u64) -> u64 {
-    size / LINE - header_lines(size)
+    (size / LINE).saturating_sub(header_lines(size))
 }
 
 /// Pairs a leaf of `size` bytes holds at most (every line compact).
@@ -297,9 +297,15 @@ mod tests {
         assert_eq!(header_lines(MIN_SIZE), 1);
         for size in (MIN_SIZE..=1 << 20).step_by(64) {
             let h = header_lines(size);
+            assert!(h >= 1);
             assert!(CODES_OFF + data_lines(size) <= h * LINE);
             assert!(h == 1 || CODES_OFF + (size / LINE - (h - 1)) > (h - 1) * LINE);
         }
+        // Sizes read from a damaged pool: no underflow, no long loop.
+        assert_eq!(data_lines(0), 0);
+        assert_eq!(data_lines(LINE), 0);
+        assert_eq!(header_lines(u64::MAX), (CODES_OFF + u64::MAX / LINE).div_ceil(LINE + 1));
+        assert!(data_lines(u64::MAX) < u64::MAX / LINE);
         // The codes of lines 0..8 share one header word, 8..16 the next.
         assert_eq!(code_word(0, 0), 24);
         assert_eq!(code_word(0, 7), 24);

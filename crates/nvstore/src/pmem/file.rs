@@ -324,6 +324,16 @@ impl Space for FileSpace {
     }
 
     #[inline]
+    fn with_bytes<R>(&self, off: u64, len: u64, f: impl FnOnce(&[u8]) -> R) -> R {
+        let src = self.ptr(off, len);
+        // SAFETY: src..src+len is mapped for the life of `self` (see
+        // `ptr`), which outlives the borrow `f` gets; the caller promises
+        // no writer changes these bytes while `f` runs (published bytes
+        // are immutable until epoch reclamation, which its pin holds off).
+        f(unsafe { std::slice::from_raw_parts(src, len as usize) })
+    }
+
+    #[inline]
     fn write(&self, off: u64, data: &[u8]) {
         debug_assert!(self.writable);
         let dst = self.ptr(off, data.len() as u64);

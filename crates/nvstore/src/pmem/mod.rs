@@ -68,6 +68,26 @@ pub trait Space: Send + Sync + 'static {
     /// Copies `buf.len()` bytes starting at `off` into `buf`.
     fn read(&self, off: u64, buf: &mut [u8]);
 
+    /// Runs `f` on the `len` bytes at `off`. The caller promises that no
+    /// writer changes them while `f` runs (published bytes, kept from
+    /// reclamation by a pinned epoch), so a space that maps the pool lends
+    /// them in place; this default copies them (on the stack when short).
+    #[inline]
+    fn with_bytes<R>(&self, off: u64, len: u64, f: impl FnOnce(&[u8]) -> R) -> R
+    where
+        Self: Sized,
+    {
+        if len <= 256 {
+            let mut buf = [0u8; 256];
+            self.read(off, &mut buf[..len as usize]);
+            f(&buf[..len as usize])
+        } else {
+            let mut buf = vec![0u8; len as usize];
+            self.read(off, &mut buf);
+            f(&buf)
+        }
+    }
+
     /// Writes `data` at `off`. Not atomic beyond single aligned words; use
     /// only for bytes that are not yet published.
     fn write(&self, off: u64, data: &[u8]);

@@ -46,6 +46,14 @@ impl Slot {
             None => nv::word_key(self.words[0], self.inline_len().unwrap_or(0)),
         }
     }
+    /// Runs `f` on the full key, without allocating.
+    #[inline]
+    pub fn with_key<R>(&self, f: impl FnOnce(&[u8]) -> R) -> R {
+        match &self.long_key {
+            Some(k) => f(k),
+            None => f(&self.words[0].to_be_bytes()[..self.inline_len().unwrap_or(0)]),
+        }
+    }
     /// Order of this element's key relative to `key`, without allocating.
     pub fn cmp_bytes(&self, key: &[u8]) -> std::cmp::Ordering {
         match &self.long_key {

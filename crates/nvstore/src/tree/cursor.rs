@@ -1,15 +1,15 @@
 //! Range scans: an iterator that reads one leaf at a time, and snapshot
 //! pins that keep the versions a reader needs.
 
-use std::ops::Bound as RB;
+use std::ops::{Bound as RB, ControlFlow};
 use std::sync::Arc;
 
 use crossbeam_epoch as epoch;
 
 use super::collate::Keep;
 use super::collate::Slot;
-use super::index::{Bound, Found};
-use super::leaf::LeafFormat;
+use super::index::{Bound, Found, Index};
+use super::leaf::{LeafFormat, ValueRef};
 use super::{KeyBound, Tree};
 use crate::error::{Error, Result};
 use crate::format::element;
@@ -49,13 +49,15 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
     ) -> RangeIter<S, L> {
         RangeIter {
             tree: self.clone(),
-            lo,
-            hi,
-            reverse,
+            span: Span {
+                lo,
+                hi,
+                reverse,
+                done: false,
+            },
             at: pin.as_ref().map_or(u64::MAX, |p| p.ts),
             _pin: pin,
             buf: Vec::new(),
-            done: false,
             error: None,
         }
     }
@@ -98,6 +100,16 @@ impl Pending {
     }
 }
 
+/// Whether no key lies in `[lo, hi]` (the bounds cross, or meet with one excluded).
+pub fn no_keys_between(lo: &KeyBound, hi: &KeyBound) -> bool {
+    match (lo, hi) {
+        (RB::Included(l) | RB::Excluded(l), RB::Included(h) | RB::Excluded(h)) => {
+            l > h || (l == h && (matches!(lo, RB::Excluded(_)) || matches!(hi, RB::Excluded(_))))
+        }
+        _ => false,
+    }
+}
+
 pub fn in_range(k: &[u8], lo: &KeyBound, hi: &KeyBound) -> bool {
     let above = match lo {
         RB::Unbounded => true,
@@ -116,67 +128,131 @@ pub fn in_range(k: &[u8], lo: &KeyBound, hi: &KeyBound) -> bool {
 /// leaf across calls and sees each leaf as of the moment it was read.
 pub struct RangeIter<S: Space, L: LeafFormat> {
     tree: Arc<Tree<S, L>>,
-    lo: KeyBound,
-    hi: KeyBound,
-    reverse: bool,
+    span: Span,
     /// Timestamp read at (`u64::MAX`: the latest state).
     at: u64,
     _pin: Option<Arc<SnapshotPin<S, L>>>,
     /// Pending elements, in reverse of the order they are yielded.
     buf: Vec<Pending>,
-    done: bool,
     /// The damage that stopped the iterator, until [`RangeIter::checked`] hands it on.
     error: Option<Error>,
 }
 
+/// The part of a range a scan has not visited yet, walked one leaf at a
+/// time (forward from `lo`, or backward from `hi`).
+struct Span {
+    lo: KeyBound,
+    hi: KeyBound,
+    reverse: bool,
+    done: bool,
+}
+
+impl Span {
+    /// Whether nothing is left: the scan ended, or the bounds cross.
+    fn finished(&mut self) -> bool {
+        if no_keys_between(&self.lo, &self.hi) {
+            self.done = true;
+        }
+        self.done
+    }
+
+    /// The leaf that holds the next keys of the span.
+    fn route(&self, idx: &Index) -> Found {
+        if self.reverse {
+            match &self.hi {
+                RB::Unbounded => idx.find_last(),
+                RB::Included(k) | RB::Excluded(k) => idx.find(k),
+            }
+        } else {
+            match &self.lo {
+                RB::Unbounded => idx.find(b""),
+                RB::Included(k) => idx.find(k),
+                RB::Excluded(k) => idx.find_gt(k),
+            }
+        }
+    }
+
+    /// Drops the keys of leaf `f` (just visited) from the span.
+    fn advance(&mut self, f: &Found) {
+        if self.reverse {
+            match &f.low {
+                Bound::NegInf | Bound::PosInf => self.done = true,
+                Bound::Key(k) => self.hi = RB::Included(k.to_vec()),
+            }
+        } else {
+            match &f.high {
+                Bound::PosInf => self.done = true,
+                Bound::Key(k) => self.lo = RB::Excluded(k.to_vec()),
+                Bound::NegInf => {}
+            }
+        }
+    }
+}
+
+impl<S: Space, L: LeafFormat> Tree<S, L> {
+    /// Calls `f` on each pair in `[lo, hi]` as of `at`, in key order (or
+    /// reverse), until it breaks. Keys and values are lent, not copied: an
+    /// inline one from the stack, one in a blob straight from the pool
+    /// where the space maps it. Reads one leaf at a time, with the epoch
+    /// pinned while `f` runs on that leaf's pairs, so `f` should not block
+    /// for long; each leaf is seen as of the moment it was read.
+    pub fn scan_with(
+        &self,
+        lo: KeyBound,
+        hi: KeyBound,
+        reverse: bool,
+        at: u64,
+        mut f: impl FnMut(&[u8], &[u8]) -> ControlFlow<()>,
+    ) -> Result<()> {
+        let mut span = Span {
+            lo,
+            hi,
+            reverse,
+            done: false,
+        };
+        let s = &*self.space;
+        while !span.finished() {
+            let _g = epoch::pin();
+            let idx = self.index.load();
+            let found = span.route(&idx);
+            self.sound(&found.leaf)?;
+            let c = L::collate_leaf(s, &found.leaf, Keep::At(at), &span.lo, &span.hi);
+            let mut visit = |e: &Slot| e.with_key(|k| ValueRef::of(s, &e.words).with(s, |v| f(k, v)));
+            let flow = if reverse {
+                c.valid.iter().rev().try_for_each(&mut visit)
+            } else {
+                c.valid.iter().try_for_each(&mut visit)
+            };
+            if flow.is_break() {
+                break;
+            }
+            span.advance(&found);
+        }
+        Ok(())
+    }
+}
+
 impl<S: Space, L: LeafFormat> RangeIter<S, L> {
     fn refill(&mut self) {
-        while self.buf.is_empty() && !self.done {
-            if let (RB::Included(l) | RB::Excluded(l), RB::Included(h) | RB::Excluded(h)) = (&self.lo, &self.hi) {
-                if l > h || (l == h && (matches!(self.lo, RB::Excluded(_)) || matches!(self.hi, RB::Excluded(_)))) {
-                    self.done = true;
-                    return;
-                }
-            }
+        while self.buf.is_empty() && !self.span.finished() {
             let _g = epoch::pin();
             let idx = self.tree.index.load();
-            let f = if self.reverse {
-                match &self.hi {
-                    RB::Unbounded => idx.find_last(),
-                    RB::Included(k) | RB::Excluded(k) => idx.find(k),
-                }
-            } else {
-                match &self.lo {
-                    RB::Unbounded => idx.find(b""),
-                    RB::Included(k) => idx.find(k),
-                    RB::Excluded(k) => idx.find_gt(k),
-                }
-            };
-            let mut pairs = match self.tree.leaf_range(&f, &self.lo, &self.hi, self.at) {
+            let f = self.span.route(&idx);
+            let mut pairs = match self.tree.leaf_range(&f, &self.span.lo, &self.span.hi, self.at) {
                 Ok(p) => p,
                 Err(e) => {
                     self.error = Some(e);
-                    self.done = true;
+                    self.span.done = true;
                     return;
                 }
             };
-            if self.reverse {
-                // buf pops from the end: keep ascending so the largest comes first.
-                self.buf = pairs;
-                match f.low {
-                    Bound::NegInf => self.done = true,
-                    Bound::Key(k) => self.hi = RB::Included(k.to_vec()),
-                    Bound::PosInf => self.done = true,
-                }
-            } else {
+            // buf pops from the end: ascending for a reverse scan (the
+            // largest comes first), descending for a forward one.
+            if !self.span.reverse {
                 pairs.reverse();
-                self.buf = pairs;
-                match f.high {
-                    Bound::PosInf => self.done = true,
-                    Bound::Key(k) => self.lo = RB::Excluded(k.to_vec()),
-                    Bound::NegInf => {}
-                }
             }
+            self.buf = pairs;
+            self.span.advance(&f);
         }
     }
 }

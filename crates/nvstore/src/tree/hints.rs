@@ -177,8 +177,20 @@ impl Hints {
         }
     }
 
-    /// Element `i` has key word `kw`: the caller is the one writer of the
-    /// leaf (or builds the hints), before the count publishes element `i`.
+    /// Element `i`'s key is unknown (undecodable): its slot matches every
+    /// lookup and the key table, which would miss it, is no longer used.
+    pub(super) fn note_unknown(&self, i: u64) {
+        let word = &self.fp[(i / 8) as usize];
+        let shift = (i % 8) * 8;
+        word.store(word.load(Ordering::Relaxed) & !(0xff << shift), Ordering::Relaxed);
+        if let Some(t) = &self.table {
+            t.gap.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// Element `i` has lookup word `kw` ([`lookup_word`] of its key): the
+    /// caller is the one writer of the leaf (or builds the hints), before
+    /// the count publishes element `i`.
     #[inline]
     pub(super) fn note(&self, i: u64, kw: u64) {
         let word = &self.fp[(i / 8) as usize];
@@ -191,6 +203,63 @@ impl Hints {
     }
 }
 
+/// The word a lookup hashes into its fingerprint and key-table slot: the
+/// key word for keys of up to eight bytes (compact entries and inline
+/// keys), a hash of the whole key for longer ones. Longer keys often share
+/// their first eight bytes with every key of their leaf (a common prefix:
+/// `user:1..`, a server's namespaced keys), so fingerprints of key words
+/// alone would match them all and a lookup would read every element.
+pub(super) fn lookup_word(key: &[u8]) -> u64 {
+    if key.len() <= 8 {
+        nv::key_word(key)
+    } else {
+        let mut h = KeyHash::new();
+        h.update(key);
+        h.finish()
+    }
+}
+
+/// FNV-1a over a key's bytes, fed in pieces (a blob key is read in chunks).
+struct KeyHash(u64);
+
+impl KeyHash {
+    fn new() -> Self {
+        KeyHash(0xcbf2_9ce4_8422_2325)
+    }
+    #[inline]
+    fn update(&mut self, b: &[u8]) {
+        for &x in b {
+            self.0 = (self.0 ^ x as u64).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+/// [`lookup_word`] of the element with words `w` (its key read from its
+/// blob when longer than eight bytes); `None` for undecodable meta.
+pub(super) fn element_lookup_word<S: Space>(s: &S, w: &[u64; 4]) -> Option<u64> {
+    let meta = nv::Meta::decode(w[3])?;
+    if meta.key_inline.is_some() {
+        return Some(w[0]);
+    }
+    let (kl, _) = crate::format::blob::lens(s.read_u64(w[1]));
+    if kl <= 8 {
+        return Some(w[0]);
+    }
+    let mut h = KeyHash::new();
+    let mut buf = [0u8; 64];
+    let mut done = 0;
+    while done < kl {
+        let n = (kl - done).min(buf.len() as u64) as usize;
+        s.read(w[1] + crate::format::blob::DATA_OFF + done, &mut buf[..n]);
+        h.update(&buf[..n]);
+        done += n as u64;
+    }
+    Some(h.finish())
+}
+
 /// A key word's fingerprint: 1..=255 (0 means unknown).
 #[inline]
 pub(super) fn fingerprint(kw: u64) -> u8 {
@@ -201,7 +270,15 @@ pub(super) fn fingerprint(kw: u64) -> u8 {
 pub(super) fn hints<'a, S: Space>(s: &S, leaf: &'a LeafRef) -> &'a Hints {
     leaf.hints.get_or_init(|| {
         let layout = Layout::read(s, leaf.off);
-        let cap = nv::capacity(s.read_u64(leaf.off + nv::SIZE_OFF)).max(leaf.durable.load(Ordering::Relaxed));
+        // Sized by the handle's size, which recovery or the leaf's
+        // validation checked (a read-only view of a pool without leaves
+        // has size 0), never by a word read from media again.
+        let size_cap = if leaf.size >= nv::MIN_SIZE {
+            nv::capacity(leaf.size)
+        } else {
+            0
+        };
+        let cap = size_cap.max(leaf.durable.load(Ordering::Relaxed));
         let fp: Box<[std::sync::atomic::AtomicU64]> = (0..cap.div_ceil(8)).map(|_| Default::default()).collect();
         let h = Hints {
             compact: layout.compact,
@@ -213,7 +290,15 @@ pub(super) fn hints<'a, S: Space>(s: &S, leaf: &'a LeafRef) -> &'a Hints {
         // if their writer missed these hints, stay unknown).
         let n = leaf.durable.load(Ordering::Acquire);
         for i in 0..n {
-            h.note(i, layout.key_word(s, i));
+            let lw = if i < layout.compact {
+                Some(layout.key_word(s, i))
+            } else {
+                element_lookup_word(s, &layout.words(s, i))
+            };
+            match lw {
+                Some(lw) => h.note(i, lw),
+                None => h.note_unknown(i),
+            }
         }
         h
     })
@@ -323,6 +408,15 @@ mod tests {
     }
 
     #[test]
+    fn long_keys_sharing_a_key_word_get_their_own_lookup_words() {
+        let a = lookup_word(b"m\0\0\0\x08_indices:user1");
+        let b = lookup_word(b"m\0\0\0\x08_indices:user2");
+        assert_ne!(a, b);
+        assert_eq!(lookup_word(b"abc"), nv::key_word(b"abc"));
+        assert_eq!(lookup_word(b"abcdefgh"), nv::key_word(b"abcdefgh"));
+    }
+
+    #[test]
     fn fingerprints_are_never_unknown() {
         for kw in [0u64, 1, u64::MAX, 0x8000_0000_0000_0000, 0x0123_4567_89ab_cdef] {
             assert_ne!(fingerprint(kw), 0);
@@ -337,5 +431,20 @@ mod tests {
         });
         // Slot 10 holds another key's fingerprint unless they collide.
         assert!(got.contains(&9) && (!got.contains(&10) || fingerprint(42) == fingerprint(43)));
+    }
+
+    #[test]
+    fn hints_are_sized_by_the_checked_size() {
+        use crate::pmem::SimSpace;
+        let s = SimSpace::new(64 * 1024);
+        // A damaged size word in the leaf: the handle's checked size decides.
+        let off = 4096;
+        s.store(off + nv::SIZE_OFF, 1 << 60);
+        let leaf = LeafRef::with(off, 1024, 3);
+        assert_eq!(hints(&s, &leaf).fp.len() as u64, nv::capacity(1024).div_ceil(8));
+        // The read-only view of a pool without leaves: size 0, no hints.
+        s.store(nv::SIZE_OFF, u64::MAX);
+        let empty = LeafRef::with(0, 0, 0);
+        assert_eq!(hints(&s, &empty).fp.len(), 0);
     }
 }

@@ -21,7 +21,7 @@ use std::ops::Bound as RB;
 use std::sync::atomic::{fence, AtomicU64, Ordering};
 
 use super::collate::{Collated, Keep, Slot};
-use super::leaf::{self, Audit, AuditCtx, Elem, LeafFormat, Newest, Removed, Scan, Written};
+use super::leaf::{self, Audit, AuditCtx, Elem, LeafFormat, Newest, Removed, Scan, ValueRef, Written};
 use super::mvcc::Clock;
 use super::LeafRef;
 use crate::format::element;
@@ -108,11 +108,12 @@ fn codes<S: Space>(s: &S, leaf: u64, size: u64) -> Vec<u8> {
 
 /// Key words at or above this are dead in the leaf (its next word is
 /// STALE: they moved to the successor, whose `low` it is); `u64::MAX` when
-/// none are.
+/// none are, or when the link does not name a line of the pool (damage
+/// the leaf's validation reports).
 fn dead_bound<S: Space>(s: &S, leaf: u64) -> u64 {
     let next = s.load(leaf + il::NEXT_OFF);
     let succ = next & !il::STALE;
-    if next & il::STALE != 0 && succ != 0 {
+    if next & il::STALE != 0 && succ != 0 && succ.is_multiple_of(LINE) && succ < s.size() {
         s.load(succ + il::LOW_OFF)
     } else {
         u64::MAX
@@ -409,7 +410,8 @@ impl LeafFormat for Isle {
     }
     fn count<S: Space>(s: &S, leaf: u64) -> u64 {
         let size = Self::size(s, leaf);
-        if il::data_lines(size) > (size / LINE) || size < il::MIN_SIZE {
+        let pool = crate::format::header::pool_size(s).min(s.size());
+        if size < il::MIN_SIZE || size % LINE != 0 || size > pool.saturating_sub(leaf) {
             return u64::MAX; // not a leaf: callers reject it
         }
         let bound = dead_bound(s, leaf);
@@ -504,8 +506,11 @@ impl LeafFormat for Isle {
         s.flush(leaf, used as u64, points::NV_NEWLEAF_FLUSH);
     }
 
-    fn read<S: Space>(s: &S, leaf: &LeafRef, key: &[u8], _at: u64) -> Option<Option<Vec<u8>>> {
+    fn read_ref<S: Space>(s: &S, leaf: &LeafRef, key: &[u8], _at: u64) -> Option<Option<ValueRef>> {
         let kw = nv::key_word(key);
+        // The element's words are taken only once no writer moved them
+        // meanwhile; a blob they name is immutable and stays allocated
+        // while the caller's epoch is pinned, so it is read afterwards.
         read_stable(leaf, || {
             if moved(leaf, kw) {
                 return None;
@@ -514,9 +519,12 @@ impl LeafFormat for Isle {
                 find(s, leaf.off, leaf.size, cs, key).map(|loc| match loc.kind {
                     Kind::Compact => {
                         let lo = il::line(leaf.off, leaf.size, loc.line);
-                        s.load(il::c_value(lo, loc.slot)).to_le_bytes().to_vec()
+                        ValueRef::Inline {
+                            word: s.load(il::c_value(lo, loc.slot)),
+                            len: 8,
+                        }
                     }
-                    _ => element::element_value(s, &words_at(s, leaf.off, leaf.size, loc)),
+                    _ => ValueRef::of(s, &words_at(s, leaf.off, leaf.size, loc)),
                 })
             }))
         })

@@ -32,6 +32,46 @@ impl Elem {
     }
 }
 
+/// Where a value a reader found lives: inline in its element's value word,
+/// or in the element's blob (published bytes, immutable until epoch
+/// reclamation frees them, so a reader that keeps its epoch pinned can lend
+/// them out without copying).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ValueRef {
+    /// The first `len` bytes of `word`, little-endian.
+    Inline { word: u64, len: u8 },
+    /// `len` bytes at pool offset `off`.
+    Blob { off: u64, len: u64 },
+}
+
+impl ValueRef {
+    /// The value of the element with `words` (its metadata already valid).
+    #[inline]
+    pub fn of<S: Space>(s: &S, words: &[u64; 4]) -> ValueRef {
+        let meta = Meta::decode(words[3]).expect("valid meta");
+        match meta.value_inline {
+            Some(len) => ValueRef::Inline { word: words[2], len },
+            None => {
+                let (kl, vl) = crate::format::blob::lens(s.read_u64(words[1]));
+                ValueRef::Blob {
+                    off: words[1] + crate::format::blob::DATA_OFF + kl,
+                    len: vl,
+                }
+            }
+        }
+    }
+
+    /// Runs `f` on the value's bytes: from the stack for an inline value,
+    /// straight from the pool (where the space can lend it) for a blob.
+    #[inline]
+    pub fn with<S: Space, R>(self, s: &S, f: impl FnOnce(&[u8]) -> R) -> R {
+        match self {
+            ValueRef::Inline { word, len } => f(&word.to_le_bytes()[..len as usize]),
+            ValueRef::Blob { off, len } => s.with_bytes(off, len, f),
+        }
+    }
+}
+
 /// What a leaf search found for a key.
 pub enum Lookup {
     /// The newest element for the key is positive, at this index.
@@ -136,9 +176,16 @@ pub trait LeafFormat: Send + Sync + 'static {
         unreachable!("{} leaves split by copying", Self::NAME)
     }
 
-    /// Reads `key` as of `at` with the format's reader protocol (no lock);
-    /// `None` when the key has moved to another leaf (route again).
-    fn read<S: Space>(s: &S, leaf: &LeafRef, key: &[u8], at: u64) -> Option<Option<Vec<u8>>>;
+    /// Finds `key` as of `at` with the format's reader protocol (no lock):
+    /// where its value lives, or `Some(None)` when it has none; `None` when
+    /// the key has moved to another leaf (route again). The caller keeps
+    /// the epoch pinned while it reads the value through the answer.
+    fn read_ref<S: Space>(s: &S, leaf: &LeafRef, key: &[u8], at: u64) -> Option<Option<ValueRef>>;
+
+    /// [`LeafFormat::read_ref`] with the value copied out.
+    fn read<S: Space>(s: &S, leaf: &LeafRef, key: &[u8], at: u64) -> Option<Option<Vec<u8>>> {
+        Self::read_ref(s, leaf, key, at).map(|v| v.map(|v| v.with(s, <[u8]>::to_vec)))
+    }
 
     /// Inserts or updates `key` (the caller holds the leaf lock and checked
     /// it is not dead); durable and visible when it returns `Done`.

@@ -46,7 +46,7 @@ use index::{Entry, Index};
 use leaf::{LeafFormat, Removed, Written};
 use mvcc::Clock;
 
-pub use cursor::{in_range, RangeIter, SnapshotPin};
+pub use cursor::{in_range, no_keys_between, RangeIter, SnapshotPin};
 
 /// Largest key, in bytes.
 pub const MAX_KEY: usize = 64 * 1024;
@@ -274,14 +274,29 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
 
     /// Point lookup as of timestamp `at` (a pinned snapshot's).
     pub fn get_at(&self, key: &[u8], at: u64) -> Result<Option<Vec<u8>>> {
+        self.get_with_at(key, at, <[u8]>::to_vec)
+    }
+
+    /// Point lookup of the latest state that lends the value to `f`
+    /// instead of copying it out: `None` when `key` has no value.
+    #[inline]
+    pub fn get_with<R>(&self, key: &[u8], f: impl FnOnce(&[u8]) -> R) -> Result<Option<R>> {
+        self.get_with_at(key, u64::MAX, f)
+    }
+
+    /// [`Tree::get_with`] as of timestamp `at`. `f` runs with the epoch
+    /// pinned (the value's blob cannot be reclaimed meanwhile), so it
+    /// should not block for long.
+    #[inline]
+    pub fn get_with_at<R>(&self, key: &[u8], at: u64, f: impl FnOnce(&[u8]) -> R) -> Result<Option<R>> {
         loop {
             let _g = epoch::pin();
             let idx = self.index.load();
-            let f = idx.find(key);
-            self.sound(&f.leaf)?;
-            self.adaptive.read(&f.leaf.counters);
-            if let Some(v) = L::read(&*self.space, &f.leaf, key, at) {
-                return Ok(v);
+            let leaf = idx.find_leaf(key);
+            self.sound(&leaf)?;
+            self.adaptive.read(&leaf.counters);
+            if let Some(v) = L::read_ref(&*self.space, &leaf, key, at) {
+                return Ok(v.map(|v| v.with(&*self.space, f)));
             }
         }
     }

@@ -6,8 +6,8 @@ use std::ops::Bound as RB;
 use std::sync::atomic::Ordering;
 
 use super::collate::{collate, collate_in, Collated, Keep, Slot};
-use super::hints::{cached_layout, fingerprint, hints, KeyTable};
-use super::leaf::{show, Audit, AuditCtx, Elem, LeafFormat, Lookup, Newest, Removed, Scan, Written};
+use super::hints::{cached_layout, element_lookup_word, fingerprint, hints, lookup_word, KeyTable};
+use super::leaf::{show, Audit, AuditCtx, Elem, LeafFormat, Lookup, Newest, Removed, Scan, ValueRef, Written};
 use super::mvcc::Clock;
 use super::LeafRef;
 use crate::format::blob;
@@ -37,11 +37,7 @@ fn full_match<S: Space>(s: &S, layout: &Layout, i: u64, key: &[u8], kw: u64, at:
             key.len() > 8 && {
                 let b = s.read_u64(e + nv::E_BLOB);
                 let (kl, _) = blob::lens(s.read_u64(b));
-                kl as usize == key.len() && {
-                    let mut k = vec![0u8; key.len()];
-                    s.read(b + blob::DATA_OFF, &mut k);
-                    k == key
-                }
+                kl as usize == key.len() && blob_key_is(s, b + blob::DATA_OFF, key)
             }
         }
     };
@@ -52,10 +48,29 @@ fn full_match<S: Space>(s: &S, layout: &Layout, i: u64, key: &[u8], kw: u64, at:
     })
 }
 
+/// Whether the `key.len()` bytes at `off` are `key`: compared in stack-sized
+/// chunks, stopping at the first difference (keys sharing their first
+/// eight bytes all reach this compare, so it must not allocate).
+#[inline]
+fn blob_key_is<S: Space>(s: &S, off: u64, key: &[u8]) -> bool {
+    let mut buf = [0u8; 64];
+    let mut done = 0;
+    while done < key.len() {
+        let n = (key.len() - done).min(buf.len());
+        s.read(off + done as u64, &mut buf[..n]);
+        if buf[..n] != key[done..done + n] {
+            return false;
+        }
+        done += n;
+    }
+    true
+}
+
 /// The newest element for `key` among the first `n` at `at`, from the key
 /// table: `Some(answer)` when the table decides, `None` when the
 /// fingerprint scan must.
 #[inline]
+#[allow(clippy::too_many_arguments)]
 fn newest_by_table<S: Space>(
     s: &S,
     t: &KeyTable,
@@ -63,13 +78,14 @@ fn newest_by_table<S: Space>(
     n: u64,
     key: &[u8],
     kw: u64,
+    lw: u64,
     at: u64,
 ) -> Option<Option<Newest>> {
     if !t.covers(n) {
         return None;
     }
-    // No element below `n` has this key word.
-    let Some(i) = t.find(kw) else {
+    // No element below `n` has this lookup word.
+    let Some(i) = t.find(lw) else {
         return Some(None);
     };
     // The newest element with this key word (or with a word whose tag
@@ -127,14 +143,15 @@ impl LeafFormat for Nv {
     fn newest<S: Space>(s: &S, leaf: &LeafRef, n: u64, key: &[u8], at: u64) -> Option<Newest> {
         let h = hints(s, leaf);
         let kw = nv::key_word(key);
-        let fk = fingerprint(kw);
+        let lw = lookup_word(key);
+        let fk = fingerprint(lw);
         let layout = h.layout(leaf.off);
         // Newest first: the newest element for a key decides (a NEGATIVE one
         // cancels the positive it follows, NV-Tree §4.3). Full elements
         // are newer than the compact prefix. Only elements whose
         // fingerprint matches (or is unknown) are read from the leaf.
         if let Some(t) = &h.table {
-            if let Some(found) = newest_by_table(s, t, &layout, n, key, kw, at) {
+            if let Some(found) = newest_by_table(s, t, &layout, n, key, kw, lw, at) {
                 return found;
             }
         }
@@ -169,7 +186,11 @@ impl LeafFormat for Nv {
     fn append<S: Space>(s: &S, leaf: &LeafRef, n: u64, elems: &[[u64; 4]]) {
         let h = hints(s, leaf);
         for (j, e) in elems.iter().enumerate() {
-            h.note(n + j as u64, e[0]);
+            // A long key's blob was written just before: reading it back hits the cache.
+            match element_lookup_word(s, e) {
+                Some(lw) => h.note(n + j as u64, lw),
+                None => h.note_unknown(n + j as u64),
+            }
         }
         let at = h.layout(leaf.off).elem(n);
         let leaf = leaf.off;
@@ -276,10 +297,10 @@ impl LeafFormat for Nv {
     /// whose fingerprint matches: about one.
     const SEARCH_LINE_SHARE: f64 = 1.0 / 32.0;
 
-    fn read<S: Space>(s: &S, leaf: &LeafRef, key: &[u8], at: u64) -> Option<Option<Vec<u8>>> {
+    fn read_ref<S: Space>(s: &S, leaf: &LeafRef, key: &[u8], at: u64) -> Option<Option<ValueRef>> {
         let n = leaf.durable.load(Ordering::Acquire);
         Some(match Self::lookup_at(s, leaf, n, key, at) {
-            Lookup::Present(i) => Some(element_value(s, &cached_layout(s, leaf).words(s, i))),
+            Lookup::Present(i) => Some(ValueRef::of(s, &cached_layout(s, leaf).words(s, i))),
             Lookup::Absent => None,
         })
     }
@@ -572,7 +593,7 @@ mod tests {
                         let want = oracle(r, q, at);
                         let got = Nv::newest(&s, &leaf, r, q, at).map(|e| (e.index, e.negative, e.version));
                         assert_eq!(got, want, "seed {seed} step {step} key {q:?} at {at} count {r}");
-                        let by_table = newest_by_table(&s, t, &layout, r, q, nv::key_word(q), at);
+                        let by_table = newest_by_table(&s, t, &layout, r, q, nv::key_word(q), lookup_word(q), at);
                         if let Some(by_table) = by_table {
                             assert_eq!(by_table.map(|e| (e.index, e.negative, e.version)), want);
                         }

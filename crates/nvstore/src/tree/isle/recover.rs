@@ -3,36 +3,21 @@
 //! pairs a split in place moved on), and the audit of its invariants.
 
 use super::*;
+use crate::format::{header, validate};
 
 pub(super) fn scan<S: Space>(s: &S, off: u64, _committed: u64) -> std::result::Result<Scan, String> {
-    let pool = crate::format::header::pool_size(s);
-    let size = Isle::size(s, off);
-    if size < il::MIN_SIZE || size % LINE != 0 || size > pool - off {
-        return Err(format!("leaf {off} has invalid size {size}"));
-    }
-    let cs = codes(s, off, size);
-    if let Some(line) = cs.iter().position(|&c| !il::valid(c)) {
-        return Err(format!("leaf {off} line {line} has invalid code {:#x}", cs[line]));
-    }
+    // Everything read below (the codes, the successor's `low` a STALE
+    // link names, every slot a code names with its blob) is checked
+    // first: the leaf comes from media that may be damaged.
+    let data_start = s.load(header::DATA_START_OFF);
+    let size = validate::isle_leaf(s, off, data_start).map_err(|d| d.what)?;
     let all = all_slots(s, off, size);
-    let mut max_version = 0;
-    for (loc, x) in &all {
-        let meta = Meta::decode(x.words[3])
-            .ok_or_else(|| format!("leaf {off} line {} has invalid metadata {:#x}", loc.line, x.words[3]))?;
-        if meta.negative || meta.txn {
-            return Err(format!("leaf {off} line {} holds a NEGATIVE or TXN element", loc.line));
-        }
-        if meta.needs_blob() {
-            element::validate_blob(s, x.blob(), meta, pool)
-                .map_err(|w| format!("leaf {off} line {}: {w}", loc.line))?;
-        } else if x.blob() != 0 {
-            return Err(format!(
-                "leaf {off} line {} has a blob reference but inline data",
-                loc.line
-            ));
-        }
-        max_version = max_version.max(meta.version);
-    }
+    let max_version = all
+        .iter()
+        .filter_map(|(_, x)| Meta::decode(x.words[3]))
+        .map(|m| m.version)
+        .max()
+        .unwrap_or(0);
     let losers = losers(&all);
     let winners: Vec<&Slot> = all
         .iter()
@@ -215,4 +200,139 @@ pub(super) fn losers(all: &[(Loc, Slot)]) -> Vec<Loc> {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pmem::SimSpace;
+
+    const POOL: u64 = 64 * 1024;
+    const DATA: u64 = 4096;
+    const LEAF: u64 = DATA;
+    const SIZE: u64 = 640;
+    const BLOB: u64 = DATA + 8192;
+    const LONG: &[u8] = b"b-long-key-kept-in-a-blob";
+
+    fn slot(key: &[u8], value: &[u8], blob: u64) -> Slot {
+        Slot {
+            words: element::encode(key, value, blob, 3, false),
+            long_key: (key.len() > 8).then(|| key.into()),
+            settled: false,
+        }
+    }
+
+    /// A pool header and one isle leaf holding two compact pairs (line 0)
+    /// and two general ones (line 1), one of them with its key in a blob.
+    fn pool() -> SimSpace {
+        let s = SimSpace::new(POOL);
+        s.store(header::POOL_SIZE_OFF, POOL);
+        s.store(header::DATA_START_OFF, DATA);
+        element::write_blob(&s, BLOB, LONG, b"v");
+        let mut elems = vec![
+            slot(b"aaaaaaaa", b"11111111", 0),
+            slot(b"cccccccc", b"22222222", 0),
+            slot(LONG, b"v", BLOB),
+            slot(b"d", b"short", 0),
+        ];
+        elems.sort_by(|a, b| a.key_cmp(b));
+        Isle::build(&s, LEAF, SIZE, 0, &elems);
+        s
+    }
+
+    /// The general slot holding the long key.
+    fn long_slot(s: &SimSpace) -> u64 {
+        let lo = il::line(LEAF, SIZE, 1);
+        (0..2)
+            .map(|slot| il::g_elem(lo, slot))
+            .find(|&e| s.load(e + nv::E_BLOB) == BLOB)
+            .expect("the long key's slot")
+    }
+
+    fn scan_err(s: &SimSpace) -> String {
+        match scan(s, LEAF, 0) {
+            Ok(sc) => panic!("damaged leaf scanned: {} pairs", sc.live),
+            Err(e) => e,
+        }
+    }
+
+    #[test]
+    fn sound_leaf_scans() {
+        let s = pool();
+        let sc = scan(&s, LEAF, 0).unwrap();
+        assert_eq!((sc.size, sc.live), (SIZE, 4));
+        assert_eq!(sc.blobs, vec![BLOB]);
+        assert_eq!(sc.max_version, 3);
+        assert_eq!(Isle::count(&s, LEAF), 4);
+    }
+
+    #[test]
+    fn invalid_line_code() {
+        let s = pool();
+        let w = il::code_word(LEAF, 0);
+        s.store(w, with_code(s.load(w), LEAF, 0, 0xff));
+        assert!(scan_err(&s).contains("invalid code"));
+    }
+
+    #[test]
+    fn invalid_metadata_of_a_long_key() {
+        // The scan once loaded the key before checking the metadata.
+        let s = pool();
+        s.store(long_slot(&s) + nv::E_META, 9 << 56);
+        assert!(scan_err(&s).contains("invalid metadata"));
+    }
+
+    #[test]
+    fn long_key_blob_outside_the_pool() {
+        let s = pool();
+        let e = long_slot(&s);
+        s.store(e + nv::E_BLOB, 1 << 40);
+        assert!(scan_err(&s).contains("invalid blob reference"));
+        s.store(e + nv::E_BLOB, BLOB);
+        s.store(BLOB, crate::format::blob::header_word(1 << 30, 0));
+        assert!(scan_err(&s).contains("do not match") || scan_err(&s).contains("overruns"));
+    }
+
+    #[test]
+    fn size_word_beyond_the_pool() {
+        let s = pool();
+        for size in [1 << 62, u64::MAX, POOL, 0, 64, SIZE + 8] {
+            s.store(LEAF + il::SIZE_OFF, size);
+            assert!(scan_err(&s).contains("invalid size"), "size {size}");
+            // What an instant open asks for before validating: no panic, no long loop.
+            assert_eq!(Isle::count(&s, LEAF), u64::MAX, "size {size}");
+        }
+    }
+
+    #[test]
+    fn stale_link_outside_the_pool() {
+        let s = pool();
+        for next in [
+            (1 << 40) | il::STALE,
+            (LEAF + 8) | il::STALE,
+            LEAF | il::STALE,
+            64 | il::STALE,
+        ] {
+            s.store(LEAF + il::NEXT_OFF, next);
+            assert!(scan_err(&s).contains("links to invalid"), "next {next:#x}");
+            // The dead bound it names is not followed outside the pool.
+            assert!(Isle::count(&s, LEAF) <= 4);
+        }
+        // A STALE link to a sound successor drops the pairs at or above its low.
+        let succ = DATA + 2048;
+        Isle::build_with_low(&s, succ, SIZE, 0, &[], nv::key_word(b"cccccccc"));
+        s.store(LEAF + il::NEXT_OFF, succ | il::STALE);
+        let sc = scan(&s, LEAF, 0).unwrap();
+        assert_eq!(sc.live, 2, "pairs below the successor's low");
+    }
+
+    #[test]
+    fn read_only_view_without_leaves() {
+        // A read-only open of a pool whose leaf chain is empty routes to
+        // a handle of size 0: reading it reads no codes.
+        let s = pool();
+        let empty = LeafRef::with(0, 0, 0);
+        assert_eq!(Isle::read(&s, &empty, b"aaaaaaaa", u64::MAX), Some(None));
+        assert_eq!(Isle::count(&s, 0), u64::MAX);
+    }
 }

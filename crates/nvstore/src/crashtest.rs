@@ -289,7 +289,9 @@ pub fn points_for(leaf: LeafFormat) -> Vec<&'static str> {
         .into_iter()
         .filter(|p| match leaf {
             LeafFormat::Nv => !p.starts_with("isle."),
-            LeafFormat::Isle => !(p.starts_with("nv.element.") || p.starts_with("nv.count.") || p.starts_with("txn.")),
+            LeafFormat::Isle => {
+                !(p.starts_with("nv.element.") || p.starts_with("shutdown.counts.") || p.starts_with("txn."))
+            }
         })
         .collect()
 }

@@ -188,13 +188,15 @@ fn rebuild_from_leaves<S: Space, L: LeafFormat>(
     }
     // Undo the transaction the crash cut short, durably, before anything
     // else can commit.
-    let undo: Vec<&LeafScan> = leaves.iter().filter(|l| l.undo).collect();
-    if !undo.is_empty() && s.writable() {
-        for l in &undo {
-            s.store(l.off + leaf_nv::COUNT_OFF, l.count);
-            s.flush(l.off + leaf_nv::COUNT_OFF, 8, points::TXN_UNDO_FLUSH);
+    // A sealed nv leaf's count word takes its recovered end too.
+    if s.writable() {
+        let mut undone = false;
+        for l in &leaves {
+            undone |= L::recovered(s, l.off, l.count, l.undo);
         }
-        s.fence(points::TXN_UNDO_FENCE);
+        if undone {
+            s.fence(points::TXN_UNDO_FENCE);
+        }
     }
     let last_ts = leaves.iter().map(|l| l.max_version).max().unwrap_or(0).max(committed);
     let mut reachable: BTreeSet<u64> = BTreeSet::new();
@@ -372,6 +374,10 @@ pub fn save_clean<S: Space, L: LeafFormat>(tree: &Tree<S, L>) -> Result<()> {
                 saved::put_bytes(&mut head, &[]);
             }
         }
+    }
+    // Appends store a sealed leaf's count without flushing it.
+    for e in &entries {
+        L::settle(s, &e.leaf);
     }
     let mut room = (head.len() + tree.alloc.save().len() + saved::BODY_W) * 2 + 1024;
     loop {

@@ -30,7 +30,10 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
-use crate::micro::{key_at, parse_count, parse_size, pool_size_for, print_and_save, value_of};
+use crate::args::{parse_count, parse_size};
+use crate::keys::{key_at, value_of};
+use crate::output::print_and_save;
+use crate::registry::pool_size_for;
 use nvstore::{Adaptive, Db, Error, Options, Result};
 
 /// The measured operation of `bench adaptive`.

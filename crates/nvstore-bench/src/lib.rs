@@ -5,18 +5,28 @@
 //! [`micro::MicroArgs`] / [`micro::micro_main`] and [`micro::CompareArgs`] /
 //! [`micro::compare_main`]; [`micro::run_micro`] and [`micro::run_compare`]
 //! return the results without printing.
+//!
+//! The engines by name live in [`registry`], the seeded keys and values in
+//! [`keys`], and what every benchmark does with its results (JSON lines,
+//! `--out DIR`) in [`output`].
 
 #![deny(unsafe_code)]
 
 pub mod adaptive;
+pub mod args;
+pub mod asym;
 pub mod baselines;
 pub mod engine;
 pub mod external;
+pub mod keys;
 pub mod micro;
+pub mod output;
 pub mod plot;
+pub mod registry;
 pub mod ycsb;
 
 pub use adaptive::{adaptive_main, run_adaptive, AdaptiveArgs, AdaptiveResult, AdaptiveWorkload};
+pub use asym::{asym_main, run_asym, AsymArgs, AsymResult};
 pub use engine::{BenchIndex, EngineStats, KeyKind};
 pub use micro::{
     compare_main, micro_main, run_compare, run_micro, CompareArgs, CompareResult, MicroArgs, MicroResult, Op,

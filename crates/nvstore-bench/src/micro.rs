@@ -24,9 +24,8 @@
 //! thread whatever `--threads` says; the result reports the threads used.
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Barrier};
+use std::path::PathBuf;
+use std::sync::Barrier;
 use std::time::Instant;
 
 use hdrhistogram::Histogram;
@@ -35,31 +34,13 @@ use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
-use crate::baselines::{Cdds, FastFair, FpTree, Lcb, TreeEngine, Volatile, WbTree};
+use crate::args::{parse_count, parse_size};
 use crate::engine::{BenchIndex, KeyKind};
-use nvstore::pmem::file::FileOptions;
-use nvstore::pmem::{FileSpace, OpenMode, Space, ThreadCounters};
-use nvstore::{Error, LeafFormat, Result};
-
-/// Every engine, in report order; `tree` is nvstore itself; LMDB and
-/// RocksDB with their cargo features.
-pub const ENGINES: &[&str] = &[
-    "tree",
-    "volatile",
-    "lcb",
-    "cdds",
-    "fptree",
-    "fastfair",
-    "wbtree",
-    #[cfg(feature = "lmdb")]
-    "lmdb",
-    #[cfg(feature = "lmdb")]
-    "lmdb-batch",
-    #[cfg(feature = "rocksdb")]
-    "rocksdb",
-    #[cfg(feature = "rocksdb")]
-    "rocksdb-batch",
-];
+use crate::keys::{key_at, mix, value_of};
+use crate::output::{fmt_ops, print_and_save};
+use crate::registry::{open_engine, parse_engines, pool_size_for, EngineConfig};
+use nvstore::pmem::ThreadCounters;
+use nvstore::{Error, LeafKind, Result};
 
 /// The measured operation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
@@ -85,26 +66,6 @@ impl Op {
         }
     }
 }
-
-/// Parses a count with an optional k/M/G suffix (powers of ten): `2000`, `1M`.
-pub fn parse_count(s: &str) -> std::result::Result<u64, String> {
-    let t = s.trim().replace('_', "");
-    let (num, mul) = match t.chars().last() {
-        Some('k' | 'K') => (&t[..t.len() - 1], 1_000),
-        Some('m' | 'M') => (&t[..t.len() - 1], 1_000_000),
-        Some('g' | 'G' | 'b' | 'B') => (&t[..t.len() - 1], 1_000_000_000),
-        _ => (&t[..], 1),
-    };
-    let v: f64 = num
-        .parse()
-        .map_err(|_| format!("'{s}' is not a count (e.g. 2000, 100k, 1M)"))?;
-    if v < 0.0 || !v.is_finite() {
-        return Err(format!("'{s}' is not a count"));
-    }
-    Ok((v * mul as f64).round() as u64)
-}
-
-pub use nvstore::units::parse_size;
 
 /// `nvstore bench micro` flags.
 #[derive(clap::Args, Clone, Debug)]
@@ -236,140 +197,6 @@ impl Default for CompareArgs {
     }
 }
 
-/// LMDB's map size: address space only; the file grows as pages are used.
-#[cfg(feature = "lmdb")]
-const LMDB_MAP_SIZE: usize = 16 << 30;
-
-/// How to build an engine.
-#[derive(Clone, Debug)]
-pub struct EngineConfig {
-    pub node_size: u64,
-    pub latency_ns: u64,
-    pub leaf: LeafFormat,
-    pub key_kind: KeyKind,
-    pub pool_dir: PathBuf,
-    /// Initial pool size (pools grow on demand).
-    pub pool_size: u64,
-}
-
-impl EngineConfig {
-    pub fn new(node_size: u64) -> EngineConfig {
-        EngineConfig {
-            node_size,
-            latency_ns: 0,
-            leaf: LeafFormat::Nv,
-            key_kind: KeyKind::U64,
-            pool_dir: "/dev/shm".into(),
-            pool_size: 64 << 20,
-        }
-    }
-}
-
-/// Initial pool size for N keys (pools grow on demand; this avoids growing
-/// during most runs without reserving much more than needed).
-pub fn pool_size_for(keys: u64) -> u64 {
-    (keys * 48).max(64 << 20).next_multiple_of(2 << 20)
-}
-
-/// Builds engine `name` over `space` (`path` names the pool in messages).
-pub fn engine_in<S: Space>(name: &str, space: S, path: &Path, cfg: &EngineConfig) -> Result<Box<dyn BenchIndex>> {
-    if cfg.key_kind == KeyKind::String && name != "tree" {
-        return Err(Error::InvalidOption(format!(
-            "engine {name} stores 8-byte keys only; --key-kind string needs --engine tree"
-        )));
-    }
-    let ns = cfg.node_size;
-    Ok(match name {
-        "tree" => {
-            let ns32 = u32::try_from(ns).map_err(|_| Error::InvalidOption(format!("node size {ns} is too large")))?;
-            Box::new(TreeEngine::create(space, path, ns32, cfg.leaf, cfg.key_kind)?)
-        }
-        "volatile" => Box::new(Volatile::new(ns)),
-        "lcb" => Box::new(Lcb::new(Arc::new(space), ns)?),
-        "cdds" => Box::new(Cdds::new(Arc::new(space), ns)?),
-        "fptree" => Box::new(FpTree::new(Arc::new(space), ns)?),
-        "fastfair" => Box::new(FastFair::new(Arc::new(space), ns)?),
-        "wbtree" => Box::new(WbTree::new(Arc::new(space), ns)?),
-        #[cfg(feature = "lmdb")]
-        "lmdb" | "lmdb-batch" => Box::new(crate::external::lmdb::Lmdb::create(
-            &cfg.pool_dir,
-            LMDB_MAP_SIZE,
-            name == "lmdb-batch",
-        )?),
-        #[cfg(feature = "rocksdb")]
-        "rocksdb" | "rocksdb-batch" => Box::new(crate::external::rocksdb::RocksDb::create(
-            &cfg.pool_dir,
-            name == "rocksdb-batch",
-        )?),
-        _ => return Err(unknown_engine(name)),
-    })
-}
-
-fn unknown_engine(name: &str) -> Error {
-    Error::InvalidOption(format!(
-        "unknown engine '{name}' (expected one of {} or all)",
-        ENGINES.join(", ")
-    ))
-}
-
-static POOL_SEQ: AtomicU64 = AtomicU64::new(0);
-
-/// Builds engine `name` on a fresh pool file in `cfg.pool_dir` (the volatile
-/// engine uses none). The file is unlinked as soon as it is mapped.
-pub fn open_engine(name: &str, cfg: &EngineConfig) -> Result<Box<dyn BenchIndex>> {
-    if !ENGINES.contains(&name) {
-        return Err(unknown_engine(name));
-    }
-    #[cfg(feature = "lmdb")]
-    if name.starts_with("lmdb") {
-        if cfg.key_kind == KeyKind::String {
-            return Err(Error::InvalidOption(format!(
-                "engine {name} stores 8-byte keys only; --key-kind string needs --engine tree"
-            )));
-        }
-        return Ok(Box::new(crate::external::lmdb::Lmdb::create(
-            &cfg.pool_dir,
-            LMDB_MAP_SIZE,
-            name == "lmdb-batch",
-        )?));
-    }
-    #[cfg(feature = "rocksdb")]
-    if name.starts_with("rocksdb") {
-        if cfg.key_kind == KeyKind::String {
-            return Err(Error::InvalidOption(format!(
-                "engine {name} stores 8-byte keys only; --key-kind string needs --engine tree"
-            )));
-        }
-        return Ok(Box::new(crate::external::rocksdb::RocksDb::create(
-            &cfg.pool_dir,
-            name == "rocksdb-batch",
-        )?));
-    }
-    if name == "volatile" {
-        if cfg.key_kind == KeyKind::String {
-            return Err(Error::InvalidOption(
-                "engine volatile stores 8-byte keys only; --key-kind string needs --engine tree".into(),
-            ));
-        }
-        return Ok(Box::new(Volatile::new(cfg.node_size)));
-    }
-    let path = cfg.pool_dir.join(format!(
-        "nvstore-bench-{}-{}-{}.pool",
-        std::process::id(),
-        name,
-        POOL_SEQ.fetch_add(1, Ordering::Relaxed)
-    ));
-    let fo = FileOptions {
-        mode: OpenMode::Create { size: cfg.pool_size },
-        latency_ns: cfg.latency_ns,
-        ..FileOptions::default()
-    };
-    let space = FileSpace::open(&path, &fo)?;
-    // The mapping keeps the pages; nothing is left behind if we crash.
-    let _ = std::fs::remove_file(&path);
-    engine_in(name, space, &path, cfg)
-}
-
 /// One measured run.
 #[derive(Clone, Debug)]
 pub struct Workload {
@@ -417,27 +244,6 @@ pub struct MicroResult {
     pub splits: u64,
     pub rebuilds: u64,
     pub rebuild_ms: f64,
-}
-
-/// splitmix64's finalizer: a bijection on u64.
-#[inline]
-fn mix(mut z: u64) -> u64 {
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
-
-/// The i-th benchmark key: distinct for distinct i (a bijection of i).
-#[inline]
-pub fn key_at(seed: u64, i: u64) -> u64 {
-    mix(i.wrapping_add(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15)))
-}
-
-/// A non-zero value for `key` in round `round` (0 = the load; measured
-/// updates use later rounds, so they change every value).
-#[inline]
-pub fn value_of(seed: u64, key: u64, round: u64) -> u64 {
-    mix(key ^ mix(round ^ seed.rotate_left(17) ^ 0x5555_0000_aaaa)) | 1
 }
 
 /// What measured operation `j` does: the workload's op, or for `mixed` a
@@ -643,23 +449,6 @@ where
     Ok(r)
 }
 
-/// Engine names from `all` or a comma list.
-pub fn parse_engines(s: &str) -> Result<Vec<&'static str>> {
-    if s.trim() == "all" {
-        return Ok(ENGINES.to_vec());
-    }
-    s.split(',')
-        .map(|e| {
-            let e = e.trim();
-            ENGINES
-                .iter()
-                .copied()
-                .find(|&x| x == e)
-                .ok_or_else(|| unknown_engine(e))
-        })
-        .collect()
-}
-
 fn check_common(keys: u64, read_ratio: f64, scan_len: usize) -> Result<()> {
     if keys == 0 {
         return Err(Error::InvalidOption("--keys must be at least 1".into()));
@@ -684,7 +473,7 @@ pub fn run_micro(args: &MicroArgs) -> Result<Vec<MicroResult>> {
             args.locality
         )));
     }
-    let leaf: LeafFormat = args.leaf.parse().map_err(Error::InvalidOption)?;
+    let leaf: LeafKind = args.leaf.parse().map_err(Error::InvalidOption)?;
     let engines = parse_engines(&args.engine)?;
     let cfg = EngineConfig {
         node_size: args.node_size,
@@ -762,7 +551,7 @@ pub fn run_compare(args: &CompareArgs) -> Result<Vec<CompareResult>> {
     let cfg = EngineConfig {
         node_size: args.node_size,
         latency_ns: args.latency_ns,
-        leaf: LeafFormat::Nv,
+        leaf: LeafKind::Nv,
         key_kind: KeyKind::U64,
         pool_dir: args.pool_dir.clone(),
         pool_size: pool_size_for(args.keys),
@@ -777,11 +566,11 @@ pub fn run_compare(args: &CompareArgs) -> Result<Vec<CompareResult>> {
         scan_len: args.scan_len,
     };
     // The tree runs once per leaf format; the rest have one layout each.
-    let engines: Vec<(&str, LeafFormat)> = engines
+    let engines: Vec<(&str, LeafKind)> = engines
         .iter()
         .flat_map(|&e| match e {
-            "tree" => vec![("tree", LeafFormat::Nv), ("tree", LeafFormat::Isle)],
-            _ => vec![(e, LeafFormat::Nv)],
+            "tree" => vec![("tree", LeafKind::Nv), ("tree", LeafKind::Isle)],
+            _ => vec![(e, LeafKind::Nv)],
         })
         .collect();
     // runs[engine][rep]; repetition `rep` starts with engine `rep % engines`.
@@ -797,7 +586,7 @@ pub fn run_compare(args: &CompareArgs) -> Result<Vec<CompareResult>> {
     }
     let tree_i = engines
         .iter()
-        .position(|&e| e == ("tree", LeafFormat::Nv))
+        .position(|&e| e == ("tree", LeafKind::Nv))
         .expect("tree is included");
     let tree_ops: Vec<f64> = runs[tree_i].iter().map(|r| r.ops_per_sec).collect();
     Ok(engines
@@ -826,25 +615,6 @@ pub fn run_compare(args: &CompareArgs) -> Result<Vec<CompareResult>> {
             }
         })
         .collect())
-}
-
-/// One JSON object per line.
-pub fn print_json_lines<T: Serialize>(items: &[T], out: &mut dyn Write) -> std::io::Result<()> {
-    for it in items {
-        serde_json::to_writer(&mut *out, it).map_err(std::io::Error::other)?;
-        writeln!(out)?;
-    }
-    Ok(())
-}
-
-fn fmt_ops(v: f64) -> String {
-    if v >= 1e6 {
-        format!("{:.2}M", v / 1e6)
-    } else if v >= 1e3 {
-        format!("{:.1}k", v / 1e3)
-    } else {
-        format!("{v:.0}")
-    }
 }
 
 /// A table of micro results.
@@ -927,38 +697,6 @@ pub fn print_compare_table(rs: &[CompareResult], out: &mut dyn Write) -> std::io
             r.splits,
             r.ratio_vs_nv
         )?;
-    }
-    Ok(())
-}
-
-pub fn write_out<T: Serialize>(dir: &Path, name: &str, items: &[T]) -> Result<PathBuf> {
-    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
-    let path = dir.join(name);
-    let mut f = std::fs::File::create(&path).map_err(|e| Error::io(&path, e))?;
-    print_json_lines(items, &mut f).map_err(|e| Error::io(&path, e))?;
-    Ok(path)
-}
-
-/// What `bench micro`, `compare` and `adaptive` do with their results:
-/// prints them to `out` as JSON lines if `json`, else with `table`; then,
-/// given a directory (`--out DIR`), writes them there as JSON lines to the
-/// file `name()`.
-pub(crate) fn print_and_save<T: Serialize>(
-    rs: &[T],
-    json: bool,
-    table: fn(&[T], &mut dyn Write) -> std::io::Result<()>,
-    out: &mut dyn Write,
-    dir: Option<&Path>,
-    name: impl FnOnce() -> String,
-) -> Result<()> {
-    let stdout_err = |e| Error::io("<stdout>", e);
-    if json {
-        print_json_lines(rs, out).map_err(stdout_err)?;
-    } else {
-        table(rs, out).map_err(stdout_err)?;
-    }
-    if let Some(dir) = dir {
-        write_out(dir, &name(), rs)?;
     }
     Ok(())
 }

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use nvstore::pmem::{FileSpace, OpenMode, SimSpace};
-use nvstore_bench::micro::{engine_in, EngineConfig, ENGINES};
+use nvstore_bench::registry::{engine_in, EngineConfig, ENGINES};
 use nvstore_bench::BenchIndex;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};

@@ -1,7 +1,9 @@
 //! The runner end to end with tiny N: compare over every engine, and each
 //! micro operation.
 
-use nvstore_bench::micro::{print_json_lines, CompareArgs, MicroArgs, Op, ENGINES};
+use nvstore_bench::micro::{CompareArgs, MicroArgs, Op};
+use nvstore_bench::output::print_json_lines;
+use nvstore_bench::registry::ENGINES;
 use nvstore_bench::{run_compare, run_micro};
 
 const MICRO_FIELDS: &[&str] = &[

@@ -21,6 +21,7 @@
 //! loads as expected (dump never writes them).
 
 use std::fmt;
+use std::io::{self, BufRead};
 
 const HEX: &[u8; 16] = b"0123456789abcdef";
 
@@ -157,6 +158,59 @@ pub fn parse_record(line: &[u8]) -> Result<(Vec<u8>, Vec<u8>), ParseError> {
     }
 }
 
+/// Why a `load` input could not be read: the input failed, or a line is
+/// not a record.
+#[derive(Debug)]
+pub enum ReadError {
+    Io(io::Error),
+    Parse(ParseError),
+}
+
+/// One record read from a `load` input.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Record {
+    pub key: Vec<u8>,
+    pub value: Vec<u8>,
+    /// Input bytes its line took, its newline included.
+    pub len: usize,
+}
+
+/// Reads the records of a `load` input, one a line. The last line may lack
+/// its newline; every other byte of the input belongs to a record.
+pub struct Records<R> {
+    input: R,
+    line: Vec<u8>,
+    lineno: u64,
+}
+
+impl<R: BufRead> Records<R> {
+    pub fn new(input: R) -> Self {
+        Records {
+            input,
+            line: Vec::new(),
+            lineno: 0,
+        }
+    }
+
+    /// The number of the line last read (1 for the first).
+    pub fn line(&self) -> u64 {
+        self.lineno
+    }
+
+    /// The next record; `None` at the end of the input.
+    pub fn next_record(&mut self) -> Result<Option<Record>, ReadError> {
+        self.line.clear();
+        let n = self.input.read_until(b'\n', &mut self.line).map_err(ReadError::Io)?;
+        if n == 0 {
+            return Ok(None);
+        }
+        self.lineno += 1;
+        let body = self.line.strip_suffix(b"\n").unwrap_or(&self.line);
+        let (key, value) = parse_record(body).map_err(ReadError::Parse)?;
+        Ok(Some(Record { key, value, len: n }))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -255,6 +309,31 @@ mod tests {
         let e = parse_record(b"a\tb\r").unwrap_err();
         assert!(e.what.contains("0x0d"), "{e}");
         assert!(parse_record(b"a\tb\tc").unwrap_err().what.contains("2 tabs"));
+    }
+
+    #[test]
+    fn records_reads_lines_and_numbers_them() {
+        let input: &[u8] = b"a\tb\n\t\nk\\x00\tv";
+        let mut r = Records::new(input);
+        let rec = |key: &[u8], value: &[u8], len| {
+            Some(Record {
+                key: key.to_vec(),
+                value: value.to_vec(),
+                len,
+            })
+        };
+        assert_eq!(r.next_record().unwrap(), rec(b"a", b"b", 4));
+        assert_eq!(r.next_record().unwrap(), rec(b"", b"", 2));
+        assert_eq!(r.next_record().unwrap(), rec(&[b'k', 0], b"v", 7));
+        assert_eq!(r.line(), 3);
+        assert_eq!(r.next_record().unwrap(), None);
+        let mut r = Records::new(&b"a\tb\nbad\nc\td\n"[..]);
+        assert!(r.next_record().unwrap().is_some());
+        match r.next_record() {
+            Err(ReadError::Parse(e)) => assert!(e.what.contains("missing the tab"), "{e}"),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(r.line(), 2);
     }
 
     #[test]

@@ -6,20 +6,22 @@
 //! print exactly one line on stderr, `nvstore: <what went wrong>`, naming the
 //! file involved.
 
+#![deny(unsafe_code)]
+
 mod demo;
-mod escape;
 use nvstore::units;
+use nvstore_cli::escape;
 
 use std::ffi::OsString;
 use std::fs::File;
-use std::io::{self, BufRead, BufReader, IsTerminal, Read, Write};
+use std::io::{self, BufReader, IsTerminal, Read, Write};
 use std::ops::Bound;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 use clap::{Args, Parser, Subcommand};
 use nvstore::pmem::FlushKind;
-use nvstore::{Db, LeafFormat, Options};
+use nvstore::{Db, LeafKind, Options};
 
 const EXIT_CODES: &str = "\
 Exit status: 0 success; 1 a negative answer (key absent, check found problems,
@@ -109,6 +111,8 @@ enum Cmd {
     Bench(BenchCmd),
     /// Serve a pool over the Redis protocol (RESP2/RESP3) until SIGINT, SIGTERM or SHUTDOWN.
     Serve(nvstore_server::ServeArgs),
+    /// Run an AsymNVM back-end on a pool: front-ends reach it over TCP (README, "Disaggregated memory").
+    Backend(nvstore_asym::cli::BackendArgs),
 }
 
 #[derive(Subcommand, Debug)]
@@ -123,6 +127,8 @@ enum BenchCmd {
     Adaptive(nvstore_bench::AdaptiveArgs),
     /// Draw the papers' figures (SVG and PNG) from the JSON results in a directory.
     Plot(nvstore_bench::PlotArgs),
+    /// AsymNVM: a data structure on a back-end over loopback TCP, naive/r/rc/rcb (AsymNVM Table 3).
+    Asym(nvstore_bench::AsymArgs),
 }
 
 const LOAD_HELP: &str = "\
@@ -151,7 +157,7 @@ struct CreateArgs {
     node_size: u64,
     /// Leaf format.
     #[arg(long, default_value = "nv")]
-    leaf: LeafFormat,
+    leaf: LeafKind,
     /// Cache-line write-back instruction for this open (clwb, clflushopt, clflush, none);
     /// default: the best the CPU offers. Not stored in the pool.
     #[arg(long)]
@@ -334,6 +340,7 @@ fn main() {
         Cmd::Demo(a) => demo::run(a),
         Cmd::Bench(b) => bench(b),
         Cmd::Serve(a) => nvstore_server::serve(a.into_config()).map_err(Fail::error),
+        Cmd::Backend(a) => nvstore_asym::cli::run(&a).map_err(Fail::error),
     };
     if let Err(f) = r {
         if !f.msg.is_empty() {
@@ -352,6 +359,7 @@ fn bench(b: BenchCmd) -> CmdResult {
         BenchCmd::Ycsb(a) => nvstore_bench::ycsb_main(a, &mut out).map(|_| ()),
         BenchCmd::Adaptive(a) => nvstore_bench::adaptive_main(a, &mut out).map(|_| ()),
         BenchCmd::Plot(a) => nvstore_bench::plot_main(a, &mut out).map(|_| ()),
+        BenchCmd::Asym(a) => return nvstore_bench::asym_main(a, &mut out).map(|_| ()).map_err(Fail::error),
     };
     r.map_err(|e| Fail::error(e.to_string()))
 }
@@ -605,30 +613,21 @@ fn load(pool: &Path, input: &Path) -> CmdResult {
         let len = f.metadata().ok().map(|m| m.len());
         (Box::new(f), len)
     };
-    let mut reader = BufReader::with_capacity(1 << 16, reader);
+    let reader = BufReader::with_capacity(1 << 16, reader);
     let db = Db::open(pool, Options::default()).map_err(lib_err(pool))?;
     let pb = progress_bar(total);
-    let mut line = Vec::new();
-    let mut lineno = 0u64;
+    let mut records = escape::Records::new(reader);
     let mut loaded = 0u64;
     let result = loop {
-        line.clear();
-        let n = match reader.read_until(b'\n', &mut line) {
-            Ok(n) => n,
-            Err(e) => break Err(format!("{name}: {}", io_msg(&e))),
+        let rec = match records.next_record() {
+            Ok(Some(r)) => r,
+            Ok(None) => break Ok(()),
+            Err(escape::ReadError::Io(e)) => break Err(format!("{name}: {}", io_msg(&e))),
+            Err(escape::ReadError::Parse(e)) => break Err(format!("{name}:{}: {e}", records.line())),
         };
-        if n == 0 {
-            break Ok(());
-        }
-        lineno += 1;
-        pb.inc(n as u64);
-        let body = line.strip_suffix(b"\n").unwrap_or(&line);
-        let (k, v) = match escape::parse_record(body) {
-            Ok(kv) => kv,
-            Err(e) => break Err(format!("{name}:{lineno}: {e}")),
-        };
-        if let Err(e) = db.put(&k, &v) {
-            break Err(format!("{name}:{lineno}: {}", lib_err(pool)(e).msg));
+        pb.inc(rec.len as u64);
+        if let Err(e) = db.put(&rec.key, &rec.value) {
+            break Err(format!("{name}:{}: {}", records.line(), lib_err(pool)(e).msg));
         }
         loaded += 1;
         if loaded.is_multiple_of(4096) {
@@ -711,8 +710,8 @@ fn crashtest(a: CrashtestArgs) -> CmdResult {
         }
         return io::stdout().write_all(s.as_bytes()).map_err(out_err);
     }
-    let leaf: nvstore::LeafFormat = a.leaf.parse().map_err(Fail::error)?;
-    if a.txn && leaf != nvstore::LeafFormat::Nv {
+    let leaf: nvstore::LeafKind = a.leaf.parse().map_err(Fail::error)?;
+    if a.txn && leaf != nvstore::LeafKind::Nv {
         return Err(Fail::error(format!(
             "--txn needs --leaf nv: {} leaves keep no versions, so they take no transactions",
             a.leaf

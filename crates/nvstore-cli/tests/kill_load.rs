@@ -84,16 +84,15 @@ fn killed_load_leaves_exactly_a_prefix() {
         let pool = dir.path().join(format!("round{round}.nvs"));
         run_ok(&[OsStr::new("create"), pool.as_os_str()]);
         let delay = Duration::from_secs_f64(est_ms * rng.gen_range(0.05..0.9) / 1e3);
-        let child = nvstore()
+        let mut child = nvstore()
             .args([OsStr::new("load"), pool.as_os_str(), inp.as_os_str()])
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
         std::thread::sleep(delay);
-        // SAFETY: kill(2) on the pid of a child we have not yet waited for.
-        let rc = unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGKILL) };
-        assert_eq!(rc, 0);
+        // SIGKILL (std's `Child::kill` on Unix); the child has not been waited for.
+        child.kill().unwrap();
         let out = child.wait_with_output().unwrap();
         let was_killed = out.status.signal() == Some(libc::SIGKILL);
         if !was_killed {

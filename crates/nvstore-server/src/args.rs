@@ -2,7 +2,8 @@
 
 use std::path::PathBuf;
 
-use crate::{Config, Limits};
+use crate::config::Config;
+use crate::resp::Limits;
 use nvstore::units::parse_size;
 
 /// `nvstore serve`: see the README's "Server" section and docs/server.md.

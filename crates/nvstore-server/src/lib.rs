@@ -2,8 +2,10 @@
 //! (NV-Tree §6.1.1).
 //!
 //! - `resp.rs`: RESP2/RESP3 request parser and reply encoder;
+//! - `config.rs`: what `nvstore serve` was asked to do;
 //! - `keys.rs`: how strings, hashes and sorted sets map onto ordered keys;
 //! - `store.rs`: the only module that touches the engine (transactions);
+//! - `shared.rs`: the state every connection shares (store, counters, clients);
 //! - `cmd/`: the command table and the commands;
 //! - `server.rs`: listener, connections, shutdown.
 //!
@@ -13,57 +15,20 @@
 
 mod args;
 pub mod cmd;
+mod config;
 pub mod keys;
 pub mod num;
 pub mod resp;
 pub mod server;
+pub mod shared;
 pub mod store;
 
-use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, AtomicUsize};
 use std::sync::Arc;
 use std::time::Instant;
 
 pub use args::ServeArgs;
+pub use config::Config;
 pub use resp::Limits;
-
-/// What `nvstore serve` was asked to do.
-#[derive(Clone, Debug)]
-pub struct Config {
-    /// Pool file (created if missing).
-    pub pool: PathBuf,
-    /// Initial size of a new pool.
-    pub size: u64,
-    /// Largest size the pool may grow to.
-    pub max_size: u64,
-    pub bind: String,
-    /// TCP port; 0 picks a free one (the readiness line names it).
-    pub port: u16,
-    /// Threads that run engine calls (and as many reactor threads).
-    pub threads: usize,
-    pub requirepass: Option<String>,
-    pub maxclients: usize,
-    pub limits: Limits,
-    /// Workload-adaptive node sizing strategy (NV-Tree §5).
-    pub adaptive: nvstore::Adaptive,
-}
-
-impl Default for Config {
-    fn default() -> Self {
-        Config {
-            pool: PathBuf::from("./nvstore.nvs"),
-            size: 64 << 20,
-            max_size: 1 << 40,
-            bind: "127.0.0.1".into(),
-            port: 6380,
-            threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
-            requirepass: None,
-            maxclients: 10_000,
-            limits: Limits::default(),
-            adaptive: nvstore::db::DEFAULT_ADAPTIVE,
-        }
-    }
-}
 
 /// Opens the pool, serves until SIGINT, SIGTERM or SHUTDOWN, then closes
 /// the pool cleanly. Logs to stderr; prints
@@ -114,20 +79,8 @@ pub fn serve(cfg: Config) -> Result<(), String> {
             .await
             .map_err(|e| format!("cannot listen on {}:{}: {e}", cfg.bind, cfg.port))?;
         let addr = listener.local_addr().map_err(|e| e.to_string())?;
-        let (tx, _) = tokio::sync::watch::channel(false);
-        let sh = Arc::new(server::Shared {
-            store: store.clone(),
-            cfg: cfg.clone(),
-            stats: Default::default(),
-            clients: Default::default(),
-            connected: AtomicUsize::new(0),
-            next_id: AtomicU64::new(1),
-            cursors: Default::default(),
-            shutdown: tx,
-            started: Instant::now(),
-            port: addr.port(),
-            run_id: format!("{:040x}", rand_id()),
-        });
+        let run_id = format!("{:040x}", rand_id());
+        let sh = Arc::new(shared::Shared::new(store.clone(), cfg.clone(), addr.port(), run_id));
         server::run(sh, listener, || {
             eprintln!("nvstore: ready to accept connections on {addr}")
         })

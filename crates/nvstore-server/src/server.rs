@@ -8,87 +8,18 @@
 //! replies are written only after the batch returned: every write in it is
 //! durable by then. An idle or slow client holds only its own task.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use parking_lot::Mutex;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::watch;
 
 use crate::cmd::{self, Conn};
 use crate::resp::{Parser, Reply};
-use crate::store::Store;
-use crate::Config;
-
-/// Server-wide counters for INFO.
-#[derive(Default)]
-pub struct Stats {
-    pub commands: AtomicU64,
-    pub connections: AtomicU64,
-    pub rejected: AtomicU64,
-    pub net_in: AtomicU64,
-    pub net_out: AtomicU64,
-}
-
-/// What CLIENT LIST shows about a connection.
-#[derive(Clone, Debug)]
-pub struct ClientInfo {
-    pub addr: String,
-    pub laddr: String,
-    pub name: String,
-    pub lib_name: String,
-    pub lib_ver: String,
-    pub resp: u8,
-    pub created: Instant,
-}
-
-/// SCAN cursors: number → last key returned. Bounded; the oldest go first.
-#[derive(Default)]
-pub struct Cursors {
-    next: u64,
-    map: HashMap<u64, Vec<u8>>,
-    order: VecDeque<u64>,
-}
-
-const MAX_CURSORS: usize = 1 << 16;
-
-impl Cursors {
-    pub fn insert(&mut self, last: Vec<u8>) -> u64 {
-        self.next += 1;
-        let id = self.next;
-        self.map.insert(id, last);
-        self.order.push_back(id);
-        if self.order.len() > MAX_CURSORS {
-            if let Some(old) = self.order.pop_front() {
-                self.map.remove(&old);
-            }
-        }
-        id
-    }
-
-    pub fn get(&self, id: u64) -> Option<Vec<u8>> {
-        self.map.get(&id).cloned()
-    }
-}
-
-/// State shared by every connection.
-pub struct Shared {
-    pub store: Arc<Store>,
-    pub cfg: Config,
-    pub stats: Stats,
-    pub clients: Mutex<BTreeMap<u64, ClientInfo>>,
-    pub connected: AtomicUsize,
-    pub next_id: AtomicU64,
-    pub cursors: Mutex<Cursors>,
-    pub shutdown: watch::Sender<bool>,
-    pub started: Instant,
-    pub port: u16,
-    pub run_id: String,
-}
+use crate::shared::{ClientInfo, Shared};
 
 /// Most requests run in one blocking batch.
 const BATCH: usize = 512;
@@ -132,15 +63,7 @@ pub async fn run(sh: Arc<Shared>, listener: TcpListener, ready: impl FnOnce()) -
                 tasks.spawn(async move {
                     let id = sh2.next_id.fetch_add(1, Ordering::Relaxed);
                     let laddr = sock.local_addr().map(|a| a.to_string()).unwrap_or_default();
-                    sh2.clients.lock().insert(id, ClientInfo {
-                        addr: addr.to_string(),
-                        laddr,
-                        name: String::new(),
-                        lib_name: String::new(),
-                        lib_ver: String::new(),
-                        resp: 2,
-                        created: Instant::now(),
-                    });
+                    sh2.clients.lock().insert(id, ClientInfo::new(addr.to_string(), laddr));
                     if let Err(e) = connection(&sh2, sock, id).await {
                         if !matches!(e.kind(), std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe) {
                             eprintln!("nvstore: client {addr}: {e}");

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use crate::alloc::Allocator;
 use crate::check::{self, CheckReport};
 use crate::error::{Error, Result};
-use crate::format::header::{self, Header, LeafFormat, VERSION};
+use crate::format::header::{self, Header, LeafKind, VERSION};
 use crate::pmem::{FileSpace, FlushKind, OpenMode, Space};
 use crate::recovery::{self, Recovery, RecoveryKind};
 use crate::tree::adaptive::{self, Model, Strategy};
@@ -37,7 +37,7 @@ pub struct Options {
     /// Leaf node size in bytes when creating (a multiple of 64).
     pub node_size: u32,
     /// Leaf format when creating; an existing pool keeps its own.
-    pub leaf: LeafFormat,
+    pub leaf: LeafKind,
     /// Flush instruction; `None` detects the best one.
     pub flush: Option<FlushKind>,
     /// Emulated write latency per flushed line, in nanoseconds.
@@ -59,7 +59,7 @@ impl Default for Options {
             size: 64 << 20,
             max_size: 1 << 40,
             node_size: 1024,
-            leaf: LeafFormat::Nv,
+            leaf: LeafKind::Nv,
             flush: None,
             latency_ns: 0,
             read_only: false,
@@ -296,8 +296,8 @@ impl<S: Space> Db<S> {
         }
         let ns = opts.node_size as u64;
         let engine = match opts.leaf {
-            LeafFormat::Nv => Engine::Nv(fresh(space, alloc, ns, path)?),
-            LeafFormat::Isle => Engine::Isle(fresh(space, alloc, ns, path)?),
+            LeafKind::Nv => Engine::Nv(fresh(space, alloc, ns, path)?),
+            LeafKind::Isle => Engine::Isle(fresh(space, alloc, ns, path)?),
         };
         let recovery = Recovery {
             kind: RecoveryKind::Created,
@@ -322,11 +322,11 @@ impl<S: Space> Db<S> {
         let was_clean = space.load(header::CLEAN_STATE_OFF) != 0;
         let space = Arc::new(space);
         let (engine, recovery) = match h.leaf_format {
-            LeafFormat::Nv => {
+            LeafKind::Nv => {
                 let (t, r) = recovery::open_tree::<S, Nv>(space.clone(), &h, path)?;
                 (Engine::Nv(Arc::new(t)), r)
             }
-            LeafFormat::Isle => {
+            LeafKind::Isle => {
                 let (t, r) = recovery::open_tree::<S, Isle>(space.clone(), &h, path)?;
                 (Engine::Isle(Arc::new(t)), r)
             }
@@ -471,7 +471,7 @@ impl<S: Space> Db<S> {
     }
 
     /// The pool's leaf format.
-    pub fn leaf_format(&self) -> LeafFormat {
+    pub fn leaf_format(&self) -> LeafKind {
         self.header.leaf_format
     }
 

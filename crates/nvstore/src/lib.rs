@@ -42,7 +42,7 @@ pub struct ReadmeDoctests;
 pub use check::CheckReport;
 pub use db::{Db, Options, Stat};
 pub use error::{Error, Result};
-pub use format::header::LeafFormat;
+pub use format::header::LeafKind;
 pub use recovery::{Recovery, RecoveryKind};
 pub use tree::adaptive::Strategy as Adaptive;
 pub use txn::{Snapshot, Txn, WriteBatch};

@@ -7,7 +7,7 @@ use std::time::Instant;
 use nvstore::crashtest::{self, Config, Report};
 use nvstore::format::{header, leaf_nv};
 use nvstore::pmem::{SimSpace, Space};
-use nvstore::{Db, Error, LeafFormat, Options};
+use nvstore::{Db, Error, LeafKind, Options};
 
 fn show(r: &Report) -> String {
     format!(
@@ -29,7 +29,7 @@ fn show(r: &Report) -> String {
 /// Every point is reached by the normal workload (the transaction points
 /// only by a campaign with transactions).
 fn assert_all_points_covered(r: &Report, txn: bool) {
-    for p in crashtest::points_for(LeafFormat::Nv)
+    for p in crashtest::points_for(LeafKind::Nv)
         .into_iter()
         .filter(|p| txn || !p.starts_with("txn."))
     {
@@ -167,12 +167,12 @@ fn campaign_isle_finds_no_violation() {
     let r = crashtest::run(&Config {
         ops: 800,
         seed: 7,
-        ..Config::for_leaf(LeafFormat::Isle)
+        ..Config::for_leaf(LeafKind::Isle)
     });
     println!("{}", show(&r));
     assert_eq!(r.violations, 0, "{}", show(&r));
     assert!(r.crash_states >= 8_000, "{}", show(&r));
-    for p in crashtest::points_for(LeafFormat::Isle) {
+    for p in crashtest::points_for(LeafKind::Isle) {
         assert!(r.points_covered.iter().any(|c| c == p), "point {p} never reached");
     }
     let w = &r.work;
@@ -191,7 +191,7 @@ fn campaign_isle_two_writers_finds_no_violation() {
         ops: 600,
         seed: 21,
         threads: 2,
-        ..Config::for_leaf(LeafFormat::Isle)
+        ..Config::for_leaf(LeafKind::Isle)
     });
     println!("{}", show(&r));
     assert_eq!(r.violations, 0, "{}", show(&r));
@@ -211,16 +211,16 @@ const NOT_CAUGHT: &[(&str, &str)] = &[];
 /// not caught with one seed gets two more.
 #[test]
 fn every_dropped_point_is_caught() {
-    dropped_points_are_caught(LeafFormat::Nv);
+    dropped_points_are_caught(LeafKind::Nv);
 }
 
 /// The same for an isle pool: every point it uses.
 #[test]
 fn every_dropped_point_is_caught_isle() {
-    dropped_points_are_caught(LeafFormat::Isle);
+    dropped_points_are_caught(LeafKind::Isle);
 }
 
-fn dropped_points_are_caught(leaf: LeafFormat) {
+fn dropped_points_are_caught(leaf: LeafKind) {
     let t = Instant::now();
     let mut missed = Vec::new();
     for p in crashtest::points_for(leaf) {

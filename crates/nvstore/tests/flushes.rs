@@ -6,11 +6,11 @@ mod common;
 
 use common::{sim_db_4k, xorshift};
 use nvstore::pmem::ThreadCounters;
-use nvstore::LeafFormat;
+use nvstore::LeafKind;
 
 #[test]
 fn common_insert_update_and_delete_fence_once() {
-    let db = sim_db_4k(4 << 20, LeafFormat::Nv);
+    let db = sim_db_4k(4 << 20, LeafKind::Nv);
     // 8-byte keys and values: no blob, no split for the first 100 inserts (capacity 126).
     for i in 0..100u64 {
         let before = ThreadCounters::get();
@@ -47,7 +47,7 @@ fn common_insert_update_and_delete_fence_once() {
 #[test]
 fn updates_after_a_rewrite_flush_one_element_line() {
     for keys in [50u64, 51] {
-        let db = sim_db_4k(4 << 20, LeafFormat::Nv);
+        let db = sim_db_4k(4 << 20, LeafKind::Nv);
         for i in 0..keys {
             db.put(&i.to_be_bytes(), &i.to_le_bytes()).unwrap();
         }
@@ -76,7 +76,7 @@ fn updates_after_a_rewrite_flush_one_element_line() {
 fn random_inserts_amortise_splits() {
     // 4 KB leaves: 1 flush per insert plus the amortised cost of copying
     // leaves on splits (16-byte compact entries: see `split_heavy_runs_stay_below_the_derived_bound`).
-    let db = sim_db_4k(8 << 20, LeafFormat::Nv);
+    let db = sim_db_4k(8 << 20, LeafKind::Nv);
     let n = 20_000u64;
     let before = ThreadCounters::get();
     for x in xorshift(0x9e37_79b9_7f4a_7c15).take(n as usize) {
@@ -118,7 +118,7 @@ fn split_heavy_runs_stay_below_the_derived_bound() {
     let bound = 1.0 + (c / 4.0 + 6.0) / (c / 2.0 - 1.0);
     assert!((bound - 1.60).abs() < 0.01, "{bound}");
     let run = |keys: &mut dyn FnMut(u64) -> u64| {
-        let db = sim_db_4k(16 << 20, LeafFormat::Nv);
+        let db = sim_db_4k(16 << 20, LeafKind::Nv);
         let n = 30_000u64;
         let before = ThreadCounters::get();
         for i in 0..n {

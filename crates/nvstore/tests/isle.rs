@@ -10,14 +10,14 @@ mod common;
 
 use common::{sim_db_4k, xorshift};
 use nvstore::pmem::{SimSpace, ThreadCounters};
-use nvstore::{Db, Error, LeafFormat, Options, WriteBatch};
+use nvstore::{Db, Error, LeafKind, Options, WriteBatch};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 fn opts(node_size: u32) -> Options {
     Options {
         node_size,
-        leaf: LeafFormat::Isle,
+        leaf: LeafKind::Isle,
         adaptive: nvstore::tree::adaptive::Strategy::Off,
         ..Options::default()
     }
@@ -148,7 +148,7 @@ fn common_insert_flushes_one_pair_line_and_one_header_line() {
 #[test]
 fn random_inserts_amortise_splits_below_the_nv_leaf() {
     let n = 20_000u64;
-    let per_insert = |leaf: LeafFormat| {
+    let per_insert = |leaf: LeafKind| {
         let db = sim_db_4k(16 << 20, leaf);
         let before = ThreadCounters::get();
         for x in xorshift(0x9e37_79b9_7f4a_7c15).take(n as usize) {
@@ -156,7 +156,7 @@ fn random_inserts_amortise_splits_below_the_nv_leaf() {
         }
         ThreadCounters::get().since(before).flushes as f64 / n as f64
     };
-    let (isle, nv) = (per_insert(LeafFormat::Isle), per_insert(LeafFormat::Nv));
+    let (isle, nv) = (per_insert(LeafKind::Isle), per_insert(LeafKind::Nv));
     eprintln!("flushes per random insert, 4 KB leaves: isle {isle:.3}, nv {nv:.3}");
     // Four 16-byte pairs to a line: a split copies half the lines nv's does.
     assert!(isle > 2.0 && isle < nv, "isle {isle}, nv {nv}");

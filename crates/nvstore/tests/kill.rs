@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use nvstore::{Db, LeafFormat, Options};
+use nvstore::{Db, LeafKind, Options};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -283,9 +283,8 @@ fn spawn_child(pool: &Path, dir: &Path, threads: usize, seed: u64, round: u64) -
 }
 
 fn sigkill(child: &mut Child) {
-    // SAFETY: kill(2) on the pid of a child we spawned and have not reaped.
-    let rc = unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGKILL) };
-    assert_eq!(rc, 0, "kill failed");
+    // `Child::kill` sends SIGKILL on Unix.
+    child.kill().expect("kill failed");
     child.wait().unwrap();
 }
 
@@ -305,12 +304,12 @@ fn shm_dir() -> tempfile::TempDir {
 
 /// Rounds of kill, verify, write on; `threads` writers in the child.
 fn campaign(threads: usize, seed: u64) {
-    campaign_on(threads, seed, LeafFormat::Nv)
+    campaign_on(threads, seed, LeafKind::Nv)
 }
 
 /// The campaign on a pool of leaf format `leaf` (the parent creates the
 /// pool; every child opens it with the format its header records).
-fn campaign_on(threads: usize, seed: u64, leaf: LeafFormat) {
+fn campaign_on(threads: usize, seed: u64, leaf: LeafKind) {
     let started = Instant::now();
     let tmp = shm_dir();
     let pool = tmp.path().join("kill.nvs");
@@ -416,5 +415,5 @@ fn kill9_two_writers() {
 
 #[test]
 fn kill9_two_writers_isle() {
-    campaign_on(2, 9, LeafFormat::Isle);
+    campaign_on(2, 9, LeafKind::Isle);
 }

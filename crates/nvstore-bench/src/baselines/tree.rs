@@ -15,7 +15,7 @@ use std::path::Path;
 
 use crate::engine::{BenchIndex, EngineStats, KeyKind};
 use nvstore::pmem::Space;
-use nvstore::{Db, LeafFormat, Options, Result};
+use nvstore::{Db, LeafKind, Options, Result};
 
 /// nvstore's `Db` as a benchmark engine.
 pub struct TreeEngine<S: Space> {
@@ -39,7 +39,7 @@ impl Key {
 
 impl<S: Space> TreeEngine<S> {
     /// Writes a fresh pool into the zeroed `space` (`path` names it in messages).
-    pub fn create(space: S, path: &Path, node_size: u32, leaf: LeafFormat, kind: KeyKind) -> Result<TreeEngine<S>> {
+    pub fn create(space: S, path: &Path, node_size: u32, leaf: LeafKind, kind: KeyKind) -> Result<TreeEngine<S>> {
         // Fixed node sizes: these runs compare engines at a node size (NV-Tree
         // Fig. 5-11); `bench adaptive` measures adaptivity.
         let opts = Options {

@@ -18,7 +18,10 @@
 //! LMDB writes through its own file I/O, not nvstore's `pmem` layer, so its
 //! flushes and fences are not counted (reported as 0).
 
-#![allow(unsafe_code)]
+#![allow(
+    unsafe_code,
+    reason = "LMDB's environment open is an unsafe fn (one environment per file per process, which `create` ensures)"
+)]
 
 use std::collections::HashMap;
 use std::ops::Bound;

@@ -30,7 +30,10 @@
 //! RocksDB writes through its own file I/O, not nvstore's `pmem` layer, so
 //! its flushes and fences are not counted (reported as 0).
 
-#![allow(unsafe_code)]
+#![allow(
+    unsafe_code,
+    reason = "bindings to RocksDB's C API: every call crosses the FFI boundary"
+)]
 
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::{c_char, c_void, CStr, CString};

@@ -46,7 +46,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
-use crate::micro::{parse_count, parse_size};
+use crate::args::{parse_count, parse_size};
 use gen::{fnvhash64, AckCounter, Discrete, ScrambledZipfian, SkewedLatest, Uniform};
 use nvstore::{Error, Result};
 use target::Client;
@@ -594,7 +594,7 @@ pub fn ycsb_main(args: &YcsbArgs, out: &mut dyn Write) -> Result<YcsbResult> {
     let r = run_ycsb(args)?;
     let stdout_err = |e| Error::io("<stdout>", e);
     if args.json {
-        crate::micro::print_json_lines(std::slice::from_ref(&r), out).map_err(stdout_err)?;
+        crate::output::print_json_lines(std::slice::from_ref(&r), out).map_err(stdout_err)?;
     } else {
         print_ycsb_table(&r, out).map_err(stdout_err)?;
     }
@@ -611,7 +611,7 @@ pub fn ycsb_main(args: &YcsbArgs, out: &mut dyn Write) -> Result<YcsbResult> {
             r.ops,
             r.threads
         );
-        crate::micro::write_out(dir, &name, std::slice::from_ref(&r))?;
+        crate::output::write_out(dir, &name, std::slice::from_ref(&r))?;
     }
     Ok(r)
 }

@@ -36,7 +36,7 @@ use super::{CoreWorkload, YcsbArgs};
 use crate::external::redis_server::RedisServer;
 use nvstore::pmem::file::FileOptions;
 use nvstore::pmem::{FileSpace, OpenMode};
-use nvstore::{Db, Error, LeafFormat, Options, Result};
+use nvstore::{Db, Error, LeafKind, Options, Result};
 
 /// One client thread's connection or handle.
 pub trait Client: Send {
@@ -138,7 +138,7 @@ impl Embedded {
         let opts = Options {
             node_size: u32::try_from(node_size)
                 .map_err(|_| Error::InvalidOption(format!("node size {node_size} is too large")))?,
-            leaf: LeafFormat::Nv,
+            leaf: LeafKind::Nv,
             size,
             ..Options::default()
         };

@@ -12,7 +12,7 @@ use bytes::Bytes;
 use super::{eq, wrong_arity, Conn, Kind, Spec, COMMANDS, NOT_INT};
 use crate::keys::META;
 use crate::resp::Reply;
-use crate::server::Shared;
+use crate::shared::Shared;
 
 /// The Redis version HELLO and INFO report: the command set and replies
 /// follow Redis 7.2 (clients gate features on this number).
@@ -93,7 +93,7 @@ pub fn run(sh: &Arc<Shared>, c: &mut Conn, spec: &Spec, a: &[Bytes]) -> Reply {
     }
 }
 
-fn update_client(sh: &Shared, id: u64, f: impl FnOnce(&mut crate::server::ClientInfo)) {
+fn update_client(sh: &Shared, id: u64, f: impl FnOnce(&mut crate::shared::ClientInfo)) {
     if let Some(i) = sh.clients.lock().get_mut(&id) {
         f(i);
     }
@@ -182,7 +182,7 @@ fn hello(sh: &Shared, c: &mut Conn, a: &[Bytes]) -> Reply {
     ])
 }
 
-fn client_line(id: u64, i: &crate::server::ClientInfo) -> String {
+fn client_line(id: u64, i: &crate::shared::ClientInfo) -> String {
     let age = i.created.elapsed().as_secs();
     format!(
         "id={id} addr={} laddr={} fd=0 name={} age={age} idle=0 flags=N db=0 sub=0 psub=0 ssub=0 multi=-1 user=default lib-name={} lib-ver={} resp={}\n",

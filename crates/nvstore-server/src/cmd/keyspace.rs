@@ -10,7 +10,7 @@ use bytes::Bytes;
 use super::{delete_key, eq, fail, meta, prefix_scan, write_txn, CmdError, CmdResult, Cx, SYNTAX};
 use crate::keys::{self, Meta, META};
 use crate::resp::Reply;
-use crate::server::Shared;
+use crate::shared::Shared;
 use crate::store::Kv;
 
 pub fn del(kv: &mut dyn Kv, _: &Cx, a: &[Bytes]) -> CmdResult {

@@ -20,7 +20,7 @@ use bytes::Bytes;
 
 use crate::keys::{self, Meta, Type};
 use crate::resp::Reply;
-use crate::server::Shared;
+use crate::shared::Shared;
 use crate::store::{self, Kv};
 
 /// A command's failure: a Redis error reply, or an engine error.

@@ -1,5 +1,5 @@
 use super::*;
-use crate::format::header::{Header, LeafFormat, VERSION};
+use crate::format::header::{Header, LeafKind, VERSION};
 use crate::pmem::SimSpace;
 use rand::{Rng, SeedableRng};
 
@@ -12,7 +12,7 @@ fn pool(chunks: u64) -> (SimSpace, Allocator) {
         version: VERSION,
         flags: 0,
         uuid: [1; 16],
-        leaf_format: LeafFormat::Nv,
+        leaf_format: LeafKind::Nv,
         node_size: 1024,
         chunk_size: CHUNK,
         data_start: CHUNK,

@@ -72,33 +72,33 @@ pub const MIN_FILE: u64 = 2 * LINE;
 /// Leaf formats a pool can be created with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum LeafFormat {
+pub enum LeafKind {
     Nv = 1,
     Isle = 2,
 }
 
-impl LeafFormat {
+impl LeafKind {
     pub fn as_str(self) -> &'static str {
         match self {
-            LeafFormat::Nv => "nv",
-            LeafFormat::Isle => "isle",
+            LeafKind::Nv => "nv",
+            LeafKind::Isle => "isle",
         }
     }
-    pub fn from_u32(v: u32) -> Option<LeafFormat> {
+    pub fn from_u32(v: u32) -> Option<LeafKind> {
         match v {
-            1 => Some(LeafFormat::Nv),
-            2 => Some(LeafFormat::Isle),
+            1 => Some(LeafKind::Nv),
+            2 => Some(LeafKind::Isle),
             _ => None,
         }
     }
 }
 
-impl std::str::FromStr for LeafFormat {
+impl std::str::FromStr for LeafKind {
     type Err = String;
     fn from_str(s: &str) -> std::result::Result<Self, String> {
         match s {
-            "nv" => Ok(LeafFormat::Nv),
-            "isle" => Ok(LeafFormat::Isle),
+            "nv" => Ok(LeafKind::Nv),
+            "isle" => Ok(LeafKind::Isle),
             _ => Err(format!("unknown leaf format '{s}' (expected nv or isle)")),
         }
     }
@@ -110,7 +110,7 @@ pub struct Header {
     pub version: u32,
     pub flags: u32,
     pub uuid: [u8; 16],
-    pub leaf_format: LeafFormat,
+    pub leaf_format: LeafKind,
     pub node_size: u32,
     pub chunk_size: u64,
     pub data_start: u64,
@@ -176,7 +176,7 @@ impl Header {
             path: path.into(),
             what,
         };
-        let leaf_format = LeafFormat::from_u32(u32_at(LEAF_FORMAT_OFF))
+        let leaf_format = LeafKind::from_u32(u32_at(LEAF_FORMAT_OFF))
             .ok_or_else(|| corrupt(format!("unknown leaf format {}", u32_at(LEAF_FORMAT_OFF))))?;
         let h = Header {
             version,
@@ -264,7 +264,7 @@ mod tests {
             version: VERSION,
             flags: 0,
             uuid: [7; 16],
-            leaf_format: LeafFormat::Nv,
+            leaf_format: LeafKind::Nv,
             node_size: 1024,
             chunk_size: 65536,
             data_start: 65536,

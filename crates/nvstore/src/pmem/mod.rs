@@ -27,6 +27,11 @@ pub mod file;
     reason = "cache-line write-back and fence instructions (clwb, clflushopt, clflush, sfence) and CPUID, chosen at run time"
 )]
 pub mod flush;
+#[allow(
+    unsafe_code,
+    reason = "allocator tuning (mallopt) for the crash campaigns; takes no pointers"
+)]
+pub mod os;
 pub mod points;
 pub mod sim;
 

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use crossbeam_epoch as epoch;
 
 use super::leaf::LeafFormat;
+use super::split::Goal;
 use super::{check_sizes, LeafRef, Tree};
 use crate::error::{Error, Result};
 use crate::format::{element, header};
@@ -231,7 +232,11 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
             }
             if let Some((key, need, cut)) = room {
                 drop(locks);
-                if let Err(e) = self.split_locked(&key, need, cut.as_deref(), false) {
+                if let Err(e) = self.rewrite(
+                    &key,
+                    cut.as_deref()
+                        .map_or(Goal::Room(need), |after| Goal::Cut { after, need }),
+                ) {
                     drop(structure);
                     free_blobs(&blobs);
                     return Err(e);

@@ -293,7 +293,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
                         // A merge that cannot allocate changes nothing: the
                         // delete stands either way.
                         let structure = self.structure.lock();
-                        let _ = self.split_locked(key, 0, None, true);
+                        let _ = self.rewrite(key, split::Goal::Merge);
                         drop(structure);
                     }
                     self.space.op_boundary();

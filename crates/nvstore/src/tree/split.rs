@@ -23,7 +23,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
     /// merge with the right sibling (NV-Tree §4.4).
     pub(super) fn split(&self, key: &[u8]) -> Result<()> {
         let structure = self.structure.lock();
-        let changed = self.split_locked(key, 2, None, false)?;
+        let changed = self.rewrite(key, Goal::Room(2))?;
         drop(structure);
         if changed {
             let hook = self.split_hook.lock().clone();
@@ -35,15 +35,11 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
         Ok(())
     }
 
-    /// The body of a split; the caller holds the structure lock. Makes room
-    /// for `need` more elements in the leaf `key` routes to, or, with `cut`,
-    /// splits that leaf after the key `cut` whatever its fill (a transaction
-    /// with more new keys for one leaf than a leaf holds). Returns whether
+    /// The body of a split; the caller holds the structure lock. Rewrites
+    /// the leaf `key` routes to as `goal` asks: [`plan`] decides how from
+    /// its collated elements, [`Tree::apply`] does it. Returns whether
     /// anything changed.
-    /// With `merge_only`, only merges an underfull leaf with its right
-    /// sibling (formats whose deletes free room, like isle, call it when
-    /// a leaf falls below a quarter full).
-    pub(super) fn split_locked(&self, key: &[u8], need: u64, cut: Option<&[u8]>, merge_only: bool) -> Result<bool> {
+    pub(super) fn rewrite(&self, key: &[u8], goal: Goal<'_>) -> Result<bool> {
         // The adaptive model learns what a split costs (Model::split_fixed_ns).
         let started = self.adaptive.on().then(std::time::Instant::now);
         let guard = epoch::pin();
@@ -51,12 +47,13 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
         let f = idx.find(key);
         let leaf = f.leaf.clone();
         let lk = leaf.lock.lock();
-        if leaf.dead.load(Ordering::Acquire) || (cut.is_none() && !merge_only && L::has_room(&*self.space, &leaf, need))
-        {
-            return Ok(false); // someone else made room
+        if leaf.dead.load(Ordering::Acquire) {
+            return Ok(false); // someone else rewrote it
         }
-        if merge_only && leaf.durable.load(Ordering::Relaxed) >= L::capacity(leaf.size) / 4 {
-            return Ok(false);
+        match goal {
+            Goal::Room(need) if L::has_room(&*self.space, &leaf, need) => return Ok(false),
+            Goal::Merge if leaf.durable.load(Ordering::Relaxed) >= L::capacity(leaf.size) / 4 => return Ok(false),
+            _ => {}
         }
         // Keep every version a live (or future) snapshot can read.
         let c = L::collate_leaf(
@@ -66,73 +63,109 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
             &RB::Unbounded,
             &RB::Unbounded,
         );
-        let (mut valid, mut dropped_blobs) = (c.valid, c.dropped_blobs);
-        let old_next = L::next(&*self.space, leaf.off);
         // The minimal fill factor is half of this leaf's own capacity
         // (NV-Tree §4.4), whatever size adaptivity gave it.
         let min_fill = L::capacity(leaf.size) / 2;
-
         // Right sibling in the same PLN, for a merge.
         let right = idx.successor(f.pln, f.pos).filter(|(p, _, _)| *p == f.pln);
+        let merge_ok = right.as_ref().is_some_and(|(_, _, r)| {
+            (c.valid.len() as u64) < min_fill && L::count(&*self.space, r.leaf.off) < L::capacity(r.leaf.size) / 2
+        });
+        let Some(rewrite) = plan(goal, &c.valid, min_fill, merge_ok, L::SPLITS_IN_PLACE) else {
+            return Ok(false);
+        };
+        let site = Site {
+            idx: &idx,
+            f: &f,
+            right: right.map(|(_, _, r)| r),
+            goal,
+            started,
+            guard: &guard,
+        };
+        self.apply(rewrite, site, c.valid, c.dropped_blobs, lk)
+    }
+
+    /// Carries out a planned rewrite of the leaf `site.f` routes to, whose
+    /// lock `lk` the caller holds and whose kept elements are `valid`.
+    fn apply(
+        &self,
+        rewrite: Rewrite,
+        site: Site<'_>,
+        mut valid: Vec<Slot>,
+        mut dropped_blobs: Vec<u64>,
+        lk: parking_lot::MutexGuard<'_, ()>,
+    ) -> Result<bool> {
+        let Site {
+            idx,
+            f,
+            right,
+            goal,
+            started,
+            guard,
+        } = site;
+        let leaf = &f.leaf;
+        let old_next = L::next(&*self.space, leaf.off);
         let mut merged: Option<(Entry, parking_lot::MutexGuard<'_, ()>)> = None;
         let mut new_entries: Vec<(Bound, u64, Vec<Slot>)> = Vec::new();
         let mut to_free = vec![leaf.off];
-        let boundary = split_point(&valid);
-
-        if L::SPLITS_IN_PLACE && cut.is_none() && !merge_only && valid.len() as u64 >= min_fill {
-            if let Some(mid) = word_split_point(&valid) {
-                let right = valid.split_off(mid);
-                let size = self.split_in_place(&idx, &f, &valid, right, old_next)?;
+        let need = match goal {
+            Goal::Room(need) | Goal::Cut { need, .. } => need,
+            Goal::Merge => 0,
+        };
+        match rewrite {
+            Rewrite::SplitInPlace { at } => {
+                let right = valid.split_off(at);
+                let size = self.split_in_place(idx, f, &valid, right, old_next)?;
                 if let Some(t) = started {
                     self.adaptive
                         .record_split(leaf.size, &[size], t.elapsed().as_nanos() as f64);
                 }
                 return Ok(true);
             }
-        }
-        let merge_ok = right.as_ref().is_some_and(|(_, _, r)| {
-            (valid.len() as u64) < min_fill && L::count(&*self.space, r.leaf.off) < L::capacity(r.leaf.size) / 2
-        });
-        if merge_only && !merge_ok {
-            return Ok(false);
-        }
-        if let Some(cut) = cut {
-            // Cut: keys up to `cut` left, the rest right (either may be empty).
-            let at = valid.partition_point(|e| e.cmp_bytes(cut).is_le());
-            let right_half = valid.split_off(at);
-            new_entries.push((Bound::Key(cut.into()), 0, valid));
-            new_entries.push((f.high.clone(), old_next, right_half));
-            self.stats.splits.fetch_add(1, Ordering::Relaxed);
-        } else if let Some(mid) = boundary.filter(|_| !merge_only && valid.len() as u64 >= min_fill) {
-            // Split: halves (already in key order, a key's versions never
-            // parted) to two new leaves.
-            let right_half = valid.split_off(mid);
-            let sep = Bound::Key(valid.last().expect("non-empty left half").key().into());
-            new_entries.push((sep, 0, valid));
-            new_entries.push((f.high.clone(), old_next, right_half));
-            self.stats.splits.fetch_add(1, Ordering::Relaxed);
-        } else if let Some((_, _, r)) = right.as_ref().filter(|_| merge_ok) {
-            // Merge with the right sibling into one leaf.
-            let rl = r.leaf.lock.lock();
-            let rc = L::collate_leaf(
-                &*self.space,
-                &r.leaf,
-                Keep::Since(self.clock.oldest()),
-                &RB::Unbounded,
-                &RB::Unbounded,
-            );
-            valid.extend(rc.valid); // every key of the right sibling is above the left's
-            dropped_blobs.extend(rc.dropped_blobs);
-            let r_next = L::next(&*self.space, r.leaf.off);
-            new_entries.push((r.max.clone(), r_next, valid));
-            to_free.push(r.leaf.off);
-            merged = Some((r.clone(), rl));
-            self.stats.merges.fetch_add(1, Ordering::Relaxed);
-        } else {
-            // Replace: the kept elements alone in a new leaf (a larger one
-            // when versions of one key that snapshots still read fill it).
-            new_entries.push((f.high.clone(), old_next, valid));
-            self.stats.replaces.fetch_add(1, Ordering::Relaxed);
+            Rewrite::Cut { at } => {
+                // Cut: keys up to the cut left, the rest right (either may be empty).
+                let Goal::Cut { after, .. } = goal else {
+                    unreachable!("a cut is planned only for a cut")
+                };
+                let right_half = valid.split_off(at);
+                new_entries.push((Bound::Key(after.into()), 0, valid));
+                new_entries.push((f.high.clone(), old_next, right_half));
+                self.stats.splits.fetch_add(1, Ordering::Relaxed);
+            }
+            Rewrite::Split { at } => {
+                // Split: halves (already in key order, a key's versions never
+                // parted) to two new leaves.
+                let right_half = valid.split_off(at);
+                let sep = Bound::Key(valid.last().expect("non-empty left half").key().into());
+                new_entries.push((sep, 0, valid));
+                new_entries.push((f.high.clone(), old_next, right_half));
+                self.stats.splits.fetch_add(1, Ordering::Relaxed);
+            }
+            Rewrite::Merge => {
+                // Merge with the right sibling into one leaf.
+                let r = right.as_ref().expect("a merge is planned only with a right sibling");
+                let rl = r.leaf.lock.lock();
+                let rc = L::collate_leaf(
+                    &*self.space,
+                    &r.leaf,
+                    Keep::Since(self.clock.oldest()),
+                    &RB::Unbounded,
+                    &RB::Unbounded,
+                );
+                valid.extend(rc.valid); // every key of the right sibling is above the left's
+                dropped_blobs.extend(rc.dropped_blobs);
+                let r_next = L::next(&*self.space, r.leaf.off);
+                new_entries.push((r.max.clone(), r_next, valid));
+                to_free.push(r.leaf.off);
+                merged = Some((r.clone(), rl));
+                self.stats.merges.fetch_add(1, Ordering::Relaxed);
+            }
+            Rewrite::Replace => {
+                // Replace: the kept elements alone in a new leaf (a larger one
+                // when versions of one key that snapshots still read fill it).
+                new_entries.push((f.high.clone(), old_next, valid));
+                self.stats.replaces.fetch_add(1, Ordering::Relaxed);
+            }
         }
 
         // Profile of the new leaves (NV-Tree Table 3): halves of the old
@@ -151,7 +184,17 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
             // A replace or a transaction's cut must leave room for the
             // elements the caller is about to add (with adaptivity, `target`
             // may be smaller than what they need).
-            .map(|(_, _, es)| self.leaf_size_for(es, if replaced || cut.is_some() { need } else { 0 }, target))
+            .map(|(_, _, es)| {
+                self.leaf_size_for(
+                    es,
+                    if replaced || matches!(goal, Goal::Cut { .. }) {
+                        need
+                    } else {
+                        0
+                    },
+                    target,
+                )
+            })
             .collect();
         let mut offs = Vec::with_capacity(new_entries.len());
         for &size in &sizes {
@@ -221,7 +264,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
         if entries.len() <= pln.limit {
             idx.plns[f.pln].store(Arc::new(Pln::new(entries, pln.limit)));
         } else {
-            self.rebuild_from_plns(&idx, f.pln, entries);
+            self.rebuild_from_plns(idx, f.pln, entries);
         }
         leaf.dead.store(true, Ordering::Release);
         if let Some((r, _)) = &merged {
@@ -346,6 +389,73 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
     }
 }
 
+/// What a caller of [`Tree::rewrite`] wants of the leaf its key routes to.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Goal<'a> {
+    /// Room for this many more elements (a full leaf).
+    Room(u64),
+    /// A cut after the key `after` whatever the leaf's fill, with room for
+    /// `need` more elements (a transaction with more new keys for one leaf
+    /// than a leaf holds).
+    Cut { after: &'a [u8], need: u64 },
+    /// Only a merge of an underfull leaf with its right sibling (formats
+    /// whose deletes free room, like isle, ask for it when a leaf falls
+    /// below a quarter full).
+    Merge,
+}
+
+/// How a leaf is rewritten (NV-Tree §4.4), as [`plan`] decides.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Rewrite {
+    /// The elements from index `at` on move to one new leaf; the rest stay
+    /// in place (formats with [`LeafFormat::SPLITS_IN_PLACE`]).
+    SplitInPlace { at: usize },
+    /// Two new leaves: the elements before index `at`, and the rest.
+    Split { at: usize },
+    /// Two new leaves, parted at index `at` (after the cut key).
+    Cut { at: usize },
+    /// One new leaf with the elements of the leaf and its right sibling.
+    Merge,
+    /// One new leaf with the kept elements.
+    Replace,
+}
+
+/// Where a planned rewrite happens, for [`Tree::apply`].
+struct Site<'a> {
+    idx: &'a Arc<Index>,
+    f: &'a Found,
+    /// The right sibling in the same PLN, if any.
+    right: Option<Entry>,
+    goal: Goal<'a>,
+    started: Option<Instant>,
+    guard: &'a epoch::Guard,
+}
+
+/// Decides how to rewrite a leaf whose kept elements are `valid` (key
+/// ordered, a key's versions adjacent), with a minimal fill of `min_fill`
+/// elements; `merge_ok` says whether a right sibling can take them in.
+/// `None`: nothing to do (a merge was asked for and none is possible).
+pub(super) fn plan(goal: Goal<'_>, valid: &[Slot], min_fill: u64, merge_ok: bool, in_place: bool) -> Option<Rewrite> {
+    let filled = valid.len() as u64 >= min_fill;
+    if in_place && filled && matches!(goal, Goal::Room(_)) {
+        if let Some(at) = word_split_point(valid) {
+            return Some(Rewrite::SplitInPlace { at });
+        }
+    }
+    Some(match goal {
+        Goal::Merge if !merge_ok => return None,
+        Goal::Merge => Rewrite::Merge,
+        Goal::Cut { after, .. } => Rewrite::Cut {
+            at: valid.partition_point(|e| e.cmp_bytes(after).is_le()),
+        },
+        Goal::Room(_) => match split_point(valid) {
+            Some(at) if filled => Rewrite::Split { at },
+            _ if merge_ok => Rewrite::Merge,
+            _ => Rewrite::Replace,
+        },
+    })
+}
+
 /// The index nearest the middle of `valid` (key-ordered, a key's versions
 /// adjacent) where a new key starts, so a split never parts a key's
 /// versions; `None` when one key holds them all.
@@ -374,4 +484,67 @@ fn word_split_point(valid: &[Slot]) -> Option<usize> {
             .into_iter()
             .find(|&i| i <= len && starts(i))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::element::encode;
+
+    /// Key-ordered slots: `versions` versions of each key.
+    fn slots(keys: &[&[u8]], versions: u64) -> Vec<Slot> {
+        keys.iter()
+            .flat_map(|k| {
+                (0..versions).map(move |v| Slot {
+                    words: encode(k, b"v", 0, v + 1, false),
+                    long_key: None,
+                    settled: false,
+                })
+            })
+            .collect()
+    }
+
+    const KEYS: [&[u8]; 6] = [b"a", b"b", b"c", b"d", b"e", b"f"];
+
+    #[test]
+    fn a_full_leaf_splits_between_keys() {
+        let v = slots(&KEYS, 2);
+        assert_eq!(plan(Goal::Room(2), &v, 6, false, false), Some(Rewrite::Split { at: 6 }));
+        // A split in place parts key words.
+        assert_eq!(
+            plan(Goal::Room(2), &v, 6, false, true),
+            Some(Rewrite::SplitInPlace { at: 6 })
+        );
+    }
+
+    #[test]
+    fn an_underfull_leaf_merges_or_is_replaced() {
+        let v = slots(&KEYS[..2], 1);
+        assert_eq!(plan(Goal::Room(2), &v, 6, true, false), Some(Rewrite::Merge));
+        assert_eq!(plan(Goal::Room(2), &v, 6, false, false), Some(Rewrite::Replace));
+        assert_eq!(plan(Goal::Room(2), &v, 6, false, true), Some(Rewrite::Replace));
+    }
+
+    #[test]
+    fn versions_of_one_key_are_never_parted() {
+        let v = slots(&KEYS[..1], 12);
+        assert_eq!(plan(Goal::Room(2), &v, 6, false, false), Some(Rewrite::Replace));
+        assert_eq!(plan(Goal::Room(2), &v, 6, false, true), Some(Rewrite::Replace));
+    }
+
+    #[test]
+    fn a_merge_is_planned_only_when_possible() {
+        let v = slots(&KEYS[..2], 1);
+        assert_eq!(plan(Goal::Merge, &v, 6, false, false), None);
+        assert_eq!(plan(Goal::Merge, &v, 6, true, true), Some(Rewrite::Merge));
+    }
+
+    #[test]
+    fn a_cut_parts_after_its_key_whatever_the_fill() {
+        let v = slots(&KEYS, 1);
+        for (after, at) in [(&b"c"[..], 3), (b"cc", 3), (b"0", 0), (b"z", 6)] {
+            let goal = Goal::Cut { after, need: 4 };
+            assert_eq!(plan(goal, &v, 100, true, true), Some(Rewrite::Cut { at }), "{after:?}");
+        }
+    }
 }

@@ -2,12 +2,12 @@
 
 use nvstore::pmem::SimSpace;
 use nvstore::tree::adaptive::Strategy;
-use nvstore::{Db, LeafFormat, Options};
+use nvstore::{Db, LeafKind, Options};
 
 /// A fresh db on a simulated space of `size` bytes with 4 KB nodes, `leaf`
 /// leaves and adaptivity off: flush counts are measured at a fixed node
 /// size.
-pub fn sim_db_4k(size: u64, leaf: LeafFormat) -> Db<SimSpace> {
+pub fn sim_db_4k(size: u64, leaf: LeafKind) -> Db<SimSpace> {
     Db::create_in(
         SimSpace::new(size),
         "f".as_ref(),

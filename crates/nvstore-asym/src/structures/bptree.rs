@@ -1,0 +1,307 @@
+//! B+-tree of fan-out 32 (AsymNVM §8.3, §9.2): `u64` keys, 64-byte values
+//! in the leaves, leaves chained. Nodes are read with their depth (0 =
+//! root) so the level-aware cache keeps the upper levels; every write
+//! operation is one operation log, and its node writes are memory logs.
+//!
+//! Node layout: word 0 = `leaf | count << 8`, word 1 = next leaf, then
+//! 32 keys, then 32 values (leaf) or 33 children (inner).
+
+use std::collections::BTreeMap;
+
+use super::{u64_at, Replay, VALUE};
+use crate::{Error, Remote, Result};
+
+/// Fan-out: keys per node.
+pub const FANOUT: usize = 32;
+const KEYS: usize = 16;
+const PAYLOAD: usize = KEYS + FANOUT * 8;
+const LEAF_SIZE: usize = PAYLOAD + FANOUT * VALUE;
+const INNER_SIZE: usize = PAYLOAD + (FANOUT + 1) * 8;
+const META: usize = 24;
+const OP_PUT: u8 = 1;
+
+#[derive(Clone, Debug)]
+struct Node {
+    leaf: bool,
+    next: u64,
+    keys: Vec<u64>,
+    vals: Vec<Vec<u8>>,
+    kids: Vec<u64>,
+}
+
+impl Node {
+    fn size(&self) -> usize {
+        if self.leaf {
+            LEAF_SIZE
+        } else {
+            INNER_SIZE
+        }
+    }
+
+    fn parse(b: &[u8]) -> Node {
+        let w0 = u64_at(b, 0);
+        let leaf = w0 & 1 == 1;
+        let n = (w0 >> 8) as usize;
+        let keys = (0..n).map(|i| u64_at(b, KEYS + i * 8)).collect();
+        let (vals, kids) = if leaf {
+            (
+                (0..n)
+                    .map(|i| b[PAYLOAD + i * VALUE..PAYLOAD + (i + 1) * VALUE].to_vec())
+                    .collect(),
+                Vec::new(),
+            )
+        } else {
+            (Vec::new(), (0..=n).map(|i| u64_at(b, PAYLOAD + i * 8)).collect())
+        };
+        Node {
+            leaf,
+            next: u64_at(b, 8),
+            keys,
+            vals,
+            kids,
+        }
+    }
+
+    fn bytes(&self) -> Vec<u8> {
+        let mut b = vec![0u8; self.size()];
+        b[..8].copy_from_slice(&((self.leaf as u64) | (self.keys.len() as u64) << 8).to_le_bytes());
+        b[8..16].copy_from_slice(&self.next.to_le_bytes());
+        for (i, k) in self.keys.iter().enumerate() {
+            b[KEYS + i * 8..KEYS + i * 8 + 8].copy_from_slice(&k.to_le_bytes());
+        }
+        if self.leaf {
+            for (i, v) in self.vals.iter().enumerate() {
+                b[PAYLOAD + i * VALUE..PAYLOAD + i * VALUE + v.len()].copy_from_slice(v);
+            }
+        } else {
+            for (i, c) in self.kids.iter().enumerate() {
+                b[PAYLOAD + i * 8..PAYLOAD + i * 8 + 8].copy_from_slice(&c.to_le_bytes());
+            }
+        }
+        b
+    }
+}
+
+/// A B+-tree on a back-end.
+pub struct BpTree {
+    meta: u64,
+}
+
+struct Meta {
+    root: u64,
+    height: u64,
+    count: u64,
+}
+
+fn value64(v: &[u8]) -> Vec<u8> {
+    let mut out = vec![0u8; VALUE];
+    let k = v.len().min(VALUE);
+    out[..k].copy_from_slice(&v[..k]);
+    out
+}
+
+impl BpTree {
+    /// Opens (or creates) the tree named `name`.
+    pub fn open(r: &mut Remote, name: &str) -> Result<BpTree> {
+        if let Some(a) = r.name_get(name)? {
+            return Ok(BpTree { meta: a });
+        }
+        let root = r.alloc(LEAF_SIZE as u64)?;
+        let leaf = Node {
+            leaf: true,
+            next: 0,
+            keys: vec![],
+            vals: vec![],
+            kids: vec![],
+        };
+        r.write_new(root, &leaf.bytes(), 1)?;
+        let meta = r.alloc(META as u64)?;
+        let t = BpTree { meta };
+        t.put_meta(
+            r,
+            &Meta {
+                root,
+                height: 1,
+                count: 0,
+            },
+            true,
+        )?;
+        r.flush()?;
+        r.name_set(name, meta)?;
+        Ok(t)
+    }
+
+    fn get_meta(&self, r: &mut Remote) -> Result<Meta> {
+        let b = r.read(self.meta, META, 0)?;
+        Ok(Meta {
+            root: u64_at(&b, 0),
+            height: u64_at(&b, 8),
+            count: u64_at(&b, 16),
+        })
+    }
+
+    fn put_meta(&self, r: &mut Remote, m: &Meta, new: bool) -> Result<()> {
+        let mut b = Vec::with_capacity(META);
+        for w in [m.root, m.height, m.count] {
+            b.extend_from_slice(&w.to_le_bytes());
+        }
+        if new {
+            r.write_new(self.meta, &b, 0)
+        } else {
+            r.write(self.meta, &b)
+        }
+    }
+
+    fn read_node(r: &mut Remote, at: u64, depth: u64, height: u64) -> Result<Node> {
+        let size = if depth + 1 == height { LEAF_SIZE } else { INNER_SIZE };
+        Ok(Node::parse(&r.read(at, size, depth as u32 + 1)?))
+    }
+
+    pub fn len(&self, r: &mut Remote) -> Result<u64> {
+        Ok(self.get_meta(r)?.count)
+    }
+
+    pub fn is_empty(&self, r: &mut Remote) -> Result<bool> {
+        Ok(self.len(r)? == 0)
+    }
+
+    /// The value of `key`.
+    pub fn get(&self, r: &mut Remote, key: u64) -> Result<Option<Vec<u8>>> {
+        let m = self.get_meta(r)?;
+        let mut at = m.root;
+        for depth in 0..m.height {
+            let n = Self::read_node(r, at, depth, m.height)?;
+            if n.leaf {
+                return Ok(n.keys.binary_search(&key).ok().map(|i| n.vals[i].clone()));
+            }
+            at = n.kids[n.keys.partition_point(|k| *k <= key)];
+        }
+        Err(Error::Protocol("B+-tree deeper than its height".into()))
+    }
+
+    /// Inserts or replaces `key`; durable when it returns.
+    pub fn put(&mut self, r: &mut Remote, key: u64, value: &[u8]) -> Result<()> {
+        let mut op = vec![OP_PUT];
+        op.extend_from_slice(&key.to_le_bytes());
+        op.extend_from_slice(&value64(value));
+        r.begin(&op);
+        self.do_put(r, key, &value64(value))?;
+        r.commit()
+    }
+
+    fn do_put(&mut self, r: &mut Remote, key: u64, value: &[u8]) -> Result<()> {
+        let mut m = self.get_meta(r)?;
+        let mut path = Vec::new();
+        let mut at = m.root;
+        for depth in 0..m.height {
+            let n = Self::read_node(r, at, depth, m.height)?;
+            let next = if n.leaf {
+                0
+            } else {
+                n.kids[n.keys.partition_point(|k| *k <= key)]
+            };
+            path.push((at, n));
+            at = next;
+        }
+        let (leaf_at, mut leaf) = path.pop().unwrap();
+        match leaf.keys.binary_search(&key) {
+            Ok(i) => {
+                leaf.vals[i] = value.to_vec();
+                let off = PAYLOAD + i * VALUE;
+                return r.write(leaf_at + off as u64, value);
+            }
+            Err(i) => {
+                leaf.keys.insert(i, key);
+                leaf.vals.insert(i, value.to_vec());
+            }
+        }
+        m.count += 1;
+        let mut node_at = leaf_at;
+        let mut node = leaf;
+        loop {
+            if node.keys.len() <= FANOUT {
+                r.write(node_at, &node.bytes())?;
+                break;
+            }
+            // Split: the right half moves to a new node.
+            let mid = node.keys.len() / 2;
+            let right_at = r.alloc(node.size() as u64)?;
+            let (sep, right) = if node.leaf {
+                let right = Node {
+                    leaf: true,
+                    next: node.next,
+                    keys: node.keys.split_off(mid),
+                    vals: node.vals.split_off(mid),
+                    kids: vec![],
+                };
+                node.next = right_at;
+                (right.keys[0], right)
+            } else {
+                let rkeys = node.keys.split_off(mid + 1);
+                let sep = node.keys.pop().unwrap();
+                let right = Node {
+                    leaf: false,
+                    next: 0,
+                    keys: rkeys,
+                    vals: vec![],
+                    kids: node.kids.split_off(mid + 1),
+                };
+                (sep, right)
+            };
+            let depth = path.len() as u32 + 1;
+            r.write_new(right_at, &right.bytes(), depth)?;
+            r.write(node_at, &node.bytes())?;
+            match path.pop() {
+                Some((pa, mut p)) => {
+                    let i = p.keys.partition_point(|k| *k <= sep);
+                    p.keys.insert(i, sep);
+                    p.kids.insert(i + 1, right_at);
+                    node_at = pa;
+                    node = p;
+                }
+                None => {
+                    let root_at = r.alloc(INNER_SIZE as u64)?;
+                    let root = Node {
+                        leaf: false,
+                        next: 0,
+                        keys: vec![sep],
+                        vals: vec![],
+                        kids: vec![node_at, right_at],
+                    };
+                    r.write_new(root_at, &root.bytes(), 1)?;
+                    m.root = root_at;
+                    m.height += 1;
+                    break;
+                }
+            }
+        }
+        self.put_meta(r, &m, false)
+    }
+
+    /// Every pair in key order, along the leaf chain.
+    pub fn scan(&self, r: &mut Remote) -> Result<BTreeMap<u64, Vec<u8>>> {
+        let m = self.get_meta(r)?;
+        let mut at = m.root;
+        for depth in 0..m.height - 1 {
+            at = Self::read_node(r, at, depth, m.height)?.kids[0];
+        }
+        let mut out = BTreeMap::new();
+        while at != 0 {
+            let n = Node::parse(&r.read(at, LEAF_SIZE, m.height as u32)?);
+            for (k, v) in n.keys.iter().zip(n.vals) {
+                out.insert(*k, v);
+            }
+            at = n.next;
+        }
+        Ok(out)
+    }
+}
+
+impl Replay for BpTree {
+    fn redo(&mut self, r: &mut Remote, op: &[u8]) -> Result<()> {
+        match op.first() {
+            Some(&OP_PUT) if op.len() == 9 + VALUE => self.do_put(r, u64_at(op, 1), &op[9..]),
+            _ => Err(Error::Protocol(format!("not a B+-tree operation: {op:?}"))),
+        }
+    }
+}

@@ -1,0 +1,191 @@
+//! `nvstore bench asym`: AsymNVM Table 3 on this machine. One front-end
+//! runs a data structure on a back-end over loopback TCP; 100% writes
+//! (enqueue, push, or B+-tree insert), every operation acknowledged when durable.
+//!
+//! The back-end runs in this process on its own threads (a pool file on
+//! /dev/shm, removed afterwards), or elsewhere with `--connect ADDR`.
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+use nvstore_asym::structures::{BpTree, Queue, Stack};
+use nvstore_asym::{Backend, Fault, FaultyTransport, Layout, Mode, Remote, RemoteOptions, TcpTransport, Transport};
+use rand::{Rng, SeedableRng};
+use serde::Serialize;
+
+/// `nvstore bench asym` flags.
+#[derive(clap::Args, Clone, Debug)]
+pub struct AsymArgs {
+    /// Data structure: queue, stack (enqueue / push) or bptree (inserts of uniform random keys).
+    #[arg(long, default_value = "queue")]
+    pub structure: String,
+    /// naive, r, rc or rcb (AsymNVM Table 3).
+    #[arg(long, default_value = "rcb")]
+    pub mode: String,
+    /// Write operations to time.
+    #[arg(long, default_value_t = 20_000)]
+    pub ops: u64,
+    /// Operations per tx_write (rcb).
+    #[arg(long, default_value_t = 1024)]
+    pub batch: usize,
+    /// Front-end cache as a percentage of the structure's size (rc, rcb).
+    #[arg(long, default_value_t = 10)]
+    pub cache_pct: u64,
+    /// Extra delay per round trip, in microseconds (an emulated slower network).
+    #[arg(long, default_value_t = 0)]
+    pub delay_us: u64,
+    /// Use the back-end at this address instead of starting one.
+    #[arg(long)]
+    pub connect: Option<SocketAddr>,
+    /// One JSON object instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The result, as printed with `--json`.
+#[derive(Serialize, Clone, Debug)]
+pub struct AsymResult {
+    pub structure: String,
+    pub mode: String,
+    pub ops: u64,
+    pub ops_per_sec: f64,
+    pub round_trips_per_op: f64,
+    pub bytes_per_op: f64,
+    pub p50_ns: u64,
+    pub p99_ns: u64,
+}
+
+/// Node bytes per item (for the cache percentage): list nodes are 80
+/// bytes; B+-tree leaves hold 64-byte values about 3/4 full.
+fn item_bytes(structure: &str) -> u64 {
+    if structure == "bptree" {
+        100
+    } else {
+        80
+    }
+}
+
+fn start_backend() -> Result<(SocketAddr, PathBuf), String> {
+    let dir = if std::path::Path::new("/dev/shm").is_dir() {
+        PathBuf::from("/dev/shm")
+    } else {
+        std::env::temp_dir()
+    };
+    let path = dir.join(format!(
+        "nvstore-bench-asym-{}-{}.pool",
+        std::process::id(),
+        rand::random::<u32>()
+    ));
+    let size = 256 << 20;
+    let b = Backend::open_file(&path, size, Layout::default_for(size)).map_err(|e| e.to_string())?;
+    let (l, addr) = nvstore_asym::server::bind("127.0.0.1:0".parse().unwrap()).map_err(|e| e.to_string())?;
+    let shared = nvstore_asym::transport::share(b);
+    std::thread::spawn(move || nvstore_asym::server::serve(l, shared));
+    Ok((addr, path))
+}
+
+/// Runs the benchmark and returns its result.
+pub fn run_asym(a: &AsymArgs) -> Result<AsymResult, String> {
+    let mode = Mode::parse(&a.mode).ok_or_else(|| format!("unknown mode {:?}: naive, r, rc or rcb", a.mode))?;
+    if !matches!(a.structure.as_str(), "queue" | "stack" | "bptree") {
+        return Err(format!(
+            "structure {:?} is not implemented yet: queue, stack or bptree",
+            a.structure
+        ));
+    }
+    let (addr, pool) = match a.connect {
+        Some(addr) => (addr, None),
+        None => {
+            let (addr, p) = start_backend()?;
+            (addr, Some(p))
+        }
+    };
+    let r = run_on(a, mode, addr);
+    if let Some(p) = pool {
+        let _ = std::fs::remove_file(p);
+    }
+    r
+}
+
+fn run_on(a: &AsymArgs, mode: Mode, addr: SocketAddr) -> Result<AsymResult, String> {
+    let tcp = TcpTransport::connect(addr).map_err(|e| format!("connect {addr}: {e}"))?;
+    let t: Box<dyn Transport> = if a.delay_us > 0 {
+        Box::new(FaultyTransport::new(
+            tcp,
+            Fault {
+                delay: Duration::from_micros(a.delay_us),
+                ..Fault::default()
+            },
+        ))
+    } else {
+        Box::new(tcp)
+    };
+    let opts = RemoteOptions {
+        mode,
+        batch: a.batch.max(1),
+        cache_bytes: ((a.ops * item_bytes(&a.structure) * a.cache_pct / 100) as usize).max(4096),
+        owner: rand::random::<u64>() | 1,
+        lock: format!("bench-{}", rand::random::<u32>()),
+        ..RemoteOptions::default()
+    };
+    let e = |e: nvstore_asym::Error| e.to_string();
+    let mut r = Remote::open(t, opts).map_err(e)?;
+    let name = format!("{}-{}", a.structure, rand::random::<u32>());
+    let value = [0x42u8; 64];
+    let mut hist = Histogram::<u64>::new_with_bounds(1, 3_600_000_000_000, 3).expect("bounds");
+    let (mut q, mut s, mut tree) = (None, None, None);
+    match a.structure.as_str() {
+        "queue" => q = Some(Queue::open(&mut r, &name).map_err(e)?),
+        "stack" => s = Some(Stack::open(&mut r, &name).map_err(e)?),
+        _ => tree = Some(BpTree::open(&mut r, &name).map_err(e)?),
+    }
+    let mut rng = rand::rngs::StdRng::seed_from_u64(42);
+    let start_counters = r.counters().clone();
+    let t0 = Instant::now();
+    for i in 0..a.ops {
+        let t = Instant::now();
+        let key = rng.gen_range(0..a.ops.saturating_mul(4).max(1));
+        match (&mut q, &mut s, &mut tree) {
+            (Some(q), _, _) => q.enqueue(&mut r, i, &value),
+            (_, Some(s), _) => s.push(&mut r, i, &value),
+            (_, _, Some(tr)) => tr.put(&mut r, key, &value),
+            _ => unreachable!(),
+        }
+        .map_err(e)?;
+        hist.record(t.elapsed().as_nanos().max(1) as u64).expect("in bounds");
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    let d = r.counters().since(&start_counters);
+    r.close().map_err(e)?;
+    let ops = a.ops.max(1) as f64;
+    Ok(AsymResult {
+        structure: a.structure.clone(),
+        mode: mode.as_str().into(),
+        ops: a.ops,
+        ops_per_sec: a.ops as f64 / secs,
+        round_trips_per_op: d.round_trips as f64 / ops,
+        bytes_per_op: d.bytes() as f64 / ops,
+        p50_ns: hist.value_at_quantile(0.5),
+        p99_ns: hist.value_at_quantile(0.99),
+    })
+}
+
+/// `nvstore bench asym`: runs and prints.
+pub fn asym_main(a: &AsymArgs, out: &mut dyn Write) -> Result<AsymResult, String> {
+    let r = run_asym(a)?;
+    let w = |e: std::io::Error| e.to_string();
+    if a.json {
+        writeln!(out, "{}", serde_json::to_string(&r).map_err(|e| e.to_string())?).map_err(w)?;
+    } else {
+        writeln!(
+            out,
+            "asym {} mode {}: {} ops, {:.0} ops/s, {:.3} round trips/op, {:.0} bytes/op, p50 {} ns, p99 {} ns",
+            r.structure, r.mode, r.ops, r.ops_per_sec, r.round_trips_per_op, r.bytes_per_op, r.p50_ns, r.p99_ns
+        )
+        .map_err(w)?;
+    }
+    Ok(r)
+}

@@ -29,6 +29,18 @@ fn common_insert_update_and_delete_fence_once() {
     assert!(db.delete(&7919u64.to_be_bytes()).unwrap());
     let d = ThreadCounters::get().since(before);
     assert_eq!((d.flushes, d.fences), (1, 1));
+    // A value over 8 bytes goes to a blob, fenced before the element
+    // that names it (a sealed element publishes itself after a crash).
+    // (The first blob carves a chunk for blobs: its header has its own barrier.)
+    db.put(b"blobkey0", &[6u8; 40]).unwrap();
+    let before = ThreadCounters::get();
+    db.put(b"blobkey", &[7u8; 40]).unwrap();
+    let d = ThreadCounters::get().since(before);
+    assert_eq!(d.fences, 2, "blob insert");
+    // Deleting it appends a NEGATIVE twin naming the old, durable blob: one fence.
+    let before = ThreadCounters::get();
+    assert!(db.delete(b"blobkey").unwrap());
+    assert_eq!(ThreadCounters::get().since(before).fences, 1);
     // Deleting an absent key writes nothing.
     let before = ThreadCounters::get();
     assert!(!db.delete(b"absent").unwrap());

@@ -291,7 +291,10 @@ pub fn points_for(leaf: LeafKind) -> Vec<&'static str> {
         .filter(|p| match leaf {
             LeafKind::Nv => !p.starts_with("isle."),
             LeafKind::Isle => {
-                !(p.starts_with("nv.element.") || p.starts_with("shutdown.counts.") || p.starts_with("txn."))
+                !(p.starts_with("nv.element.")
+                    || p.starts_with("shutdown.counts.")
+                    || p.starts_with("txn.")
+                    || *p == "blob.fence")
             }
         })
         .collect()

@@ -36,6 +36,9 @@ points! {
     CHUNK_HEADER_FENCE = "chunk.header.fence";
     /// Out-of-line key/value bytes, flushed before the element that refers to them.
     BLOB_FLUSH = "blob.flush";
+    /// Sealed nv leaf: an append whose new element refers to a new blob
+    /// fences the blob first (the element alone publishes it after a crash).
+    BLOB_FENCE = "blob.fence";
     /// NV leaf: the appended element(s), self-validating in a sealed leaf,
     /// flushed and fenced: an append's one barrier (format/leaf_nv.rs).
     NV_ELEMENT_FLUSH = "nv.element.flush";

@@ -205,9 +205,15 @@ impl LeafFormat for Nv {
                 buf[o..o + 8].copy_from_slice(&word.to_le_bytes());
             }
         }
-        s.write(at, buf);
         let count = n + elems.len() as u64;
         if stamp != 0 {
+            // A sealed element publishes itself after a crash, so the new
+            // blob it names must be durable before it can reach the media
+            // (only writes with a key or value over 8 bytes pay this).
+            if elems.iter().any(|w| w[1] != 0 && w[3] & nv::NEGATIVE == 0) {
+                s.fence(points::BLOB_FENCE);
+            }
+            s.write(at, buf);
             // Sealed leaf: one barrier. The count is stored for DRAM-speed
             // readers of the leaf header and for a clean shutdown to
             // persist; after a crash the elements' checks decide.
@@ -217,6 +223,7 @@ impl LeafFormat for Nv {
             return;
         }
         // Unsealed leaf of a format-2 pool: the paper's two barriers.
+        s.write(at, buf);
         s.flush(at, len as u64, points::NV_ELEMENT_FLUSH);
         s.fence(points::NV_ELEMENT_FENCE);
         s.publish(

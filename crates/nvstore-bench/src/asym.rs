@@ -1,6 +1,7 @@
 //! `nvstore bench asym`: AsymNVM Table 3 on this machine. One front-end
 //! runs a data structure on a back-end over loopback TCP; 100% writes
-//! (enqueue, push, or B+-tree insert), every operation acknowledged when durable.
+//! (enqueue, push, or a put of a uniform random key into the B+-tree, hash
+//! table or skiplist), every operation acknowledged when durable.
 //!
 //! The back-end runs in this process on its own threads (a pool file on
 //! /dev/shm, removed afterwards), or elsewhere with `--connect ADDR`.
@@ -11,7 +12,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
-use nvstore_asym::structures::{BpTree, Queue, Stack};
+use nvstore_asym::structures::{BpTree, HashTable, Queue, SkipList, Stack};
 use nvstore_asym::{Backend, Fault, FaultyTransport, Layout, Mode, Remote, RemoteOptions, TcpTransport, Transport};
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
@@ -19,7 +20,7 @@ use serde::Serialize;
 /// `nvstore bench asym` flags.
 #[derive(clap::Args, Clone, Debug)]
 pub struct AsymArgs {
-    /// Data structure: queue, stack (enqueue / push) or bptree (inserts of uniform random keys).
+    /// Data structure: queue, stack (enqueue / push), bptree, hash or skiplist (puts of uniform random keys).
     #[arg(long, default_value = "queue")]
     pub structure: String,
     /// naive, r, rc or rcb (AsymNVM Table 3).
@@ -61,10 +62,12 @@ pub struct AsymResult {
 /// Node bytes per item (for the cache percentage): list nodes are 80
 /// bytes; B+-tree leaves hold 64-byte values about 3/4 full.
 fn item_bytes(structure: &str) -> u64 {
-    if structure == "bptree" {
-        100
-    } else {
-        80
+    match structure {
+        "bptree" => 100,
+        // Node plus a bucket word; skiplist nodes average 1 1/3 links.
+        "hash" => 88,
+        "skiplist" => 91,
+        _ => 80,
     }
 }
 
@@ -90,9 +93,9 @@ fn start_backend() -> Result<(SocketAddr, PathBuf), String> {
 /// Runs the benchmark and returns its result.
 pub fn run_asym(a: &AsymArgs) -> Result<AsymResult, String> {
     let mode = Mode::parse(&a.mode).ok_or_else(|| format!("unknown mode {:?}: naive, r, rc or rcb", a.mode))?;
-    if !matches!(a.structure.as_str(), "queue" | "stack" | "bptree") {
+    if !matches!(a.structure.as_str(), "queue" | "stack" | "bptree" | "hash" | "skiplist") {
         return Err(format!(
-            "structure {:?} is not implemented yet: queue, stack or bptree",
+            "structure {:?} is not implemented yet: queue, stack, bptree, hash or skiplist",
             a.structure
         ));
     }
@@ -136,10 +139,13 @@ fn run_on(a: &AsymArgs, mode: Mode, addr: SocketAddr) -> Result<AsymResult, Stri
     let name = format!("{}-{}", a.structure, rand::random::<u32>());
     let value = [0x42u8; 64];
     let mut hist = Histogram::<u64>::new_with_bounds(1, 3_600_000_000_000, 3).expect("bounds");
-    let (mut q, mut s, mut tree) = (None, None, None);
+    let (mut q, mut s, mut tree, mut hash, mut skip) = (None, None, None, None, None);
     match a.structure.as_str() {
         "queue" => q = Some(Queue::open(&mut r, &name).map_err(e)?),
         "stack" => s = Some(Stack::open(&mut r, &name).map_err(e)?),
+        // About one bucket per key inserted.
+        "hash" => hash = Some(HashTable::open(&mut r, &name, a.ops.max(1)).map_err(e)?),
+        "skiplist" => skip = Some(SkipList::open(&mut r, &name).map_err(e)?),
         _ => tree = Some(BpTree::open(&mut r, &name).map_err(e)?),
     }
     let mut rng = rand::rngs::StdRng::seed_from_u64(42);
@@ -148,11 +154,18 @@ fn run_on(a: &AsymArgs, mode: Mode, addr: SocketAddr) -> Result<AsymResult, Stri
     for i in 0..a.ops {
         let t = Instant::now();
         let key = rng.gen_range(0..a.ops.saturating_mul(4).max(1));
-        match (&mut q, &mut s, &mut tree) {
-            (Some(q), _, _) => q.enqueue(&mut r, i, &value),
-            (_, Some(s), _) => s.push(&mut r, i, &value),
-            (_, _, Some(tr)) => tr.put(&mut r, key, &value),
-            _ => unreachable!(),
+        if let Some(q) = &mut q {
+            q.enqueue(&mut r, i, &value)
+        } else if let Some(s) = &mut s {
+            s.push(&mut r, i, &value)
+        } else if let Some(h) = &mut hash {
+            h.put(&mut r, key, &value)
+        } else if let Some(sl) = &mut skip {
+            sl.put(&mut r, key, &value)
+        } else if let Some(tr) = &mut tree {
+            tr.put(&mut r, key, &value)
+        } else {
+            unreachable!()
         }
         .map_err(e)?;
         hist.record(t.elapsed().as_nanos().max(1) as u64).expect("in bounds");

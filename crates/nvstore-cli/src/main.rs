@@ -62,6 +62,9 @@ enum Cmd {
         /// Value bytes.
         #[arg(allow_hyphen_values = true)]
         value: OsString,
+        /// Write even to a pool whose leaves fail validation.
+        #[arg(long)]
+        force: bool,
     },
     /// Print the value stored under KEY followed by a newline; exit 1, printing nothing, if absent.
     Get {
@@ -78,6 +81,9 @@ enum Cmd {
         /// Key bytes.
         #[arg(allow_hyphen_values = true)]
         key: OsString,
+        /// Write even to a pool whose leaves fail validation.
+        #[arg(long)]
+        force: bool,
     },
     /// List pairs in key order as `key<TAB>value` lines (escaped as in `dump`); opens read-only.
     Scan(ScanArgs),
@@ -93,6 +99,17 @@ enum Cmd {
         pool: PathBuf,
         /// Input file, or `-` for standard input.
         input: PathBuf,
+        /// Write even to a pool whose leaves fail validation.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Copy every readable record of a damaged pool into a new pool OUT; print what was skipped.
+    #[command(long_about = SALVAGE_HELP)]
+    Salvage {
+        /// The damaged pool (opened read-only; nothing of it is written).
+        damaged: PathBuf,
+        /// The new pool to create (fails if the file exists).
+        out: PathBuf,
     },
     /// Verify every invariant of a pool without writing; exit 1 if any is violated.
     Check {
@@ -329,12 +346,18 @@ fn main() {
     let r = match cli.cmd {
         Cmd::Create(a) => create(a),
         Cmd::Stat { pool, json } => stat(&pool, json),
-        Cmd::Put { pool, key, value } => put(&pool, key.as_bytes(), value.as_bytes()),
+        Cmd::Put {
+            pool,
+            key,
+            value,
+            force,
+        } => put(&pool, key.as_bytes(), value.as_bytes(), force),
         Cmd::Get { pool, key } => get(&pool, key.as_bytes()),
-        Cmd::Del { pool, key } => del(&pool, key.as_bytes()),
+        Cmd::Del { pool, key, force } => del(&pool, key.as_bytes(), force),
         Cmd::Scan(a) => scan(a),
         Cmd::Dump { pool } => dump(&pool),
-        Cmd::Load { pool, input } => load(&pool, &input),
+        Cmd::Load { pool, input, force } => load(&pool, &input, force),
+        Cmd::Salvage { damaged, out } => salvage(&damaged, &out),
         Cmd::Check { pool, json } => check(&pool, json),
         Cmd::Crashtest(a) => crashtest(a),
         Cmd::Demo(a) => demo::run(a),
@@ -459,7 +482,25 @@ fn stat(pool: &Path, json: bool) -> CmdResult {
     io::stdout().write_all(text.as_bytes()).map_err(out_err)
 }
 
-fn put(pool: &Path, key: &[u8], value: &[u8]) -> CmdResult {
+/// Before a write: a read-only validation of every leaf of an existing
+/// pool (one pass over the leaves, no collation), so nothing is written to
+/// a damaged pool unless the user forces it.
+fn precheck(pool: &Path, force: bool) -> CmdResult {
+    if force || !pool.exists() {
+        return Ok(());
+    }
+    let db = Db::open(pool, ro_opts()).map_err(lib_err(pool))?;
+    match db.validate() {
+        Ok(()) => Ok(()),
+        Err(e) => Err(Fail::error(format!(
+            "{}; nothing was written (see `nvstore check`; `nvstore salvage` copies what is readable; --force writes anyway)",
+            lib_err(pool)(e).msg
+        ))),
+    }
+}
+
+fn put(pool: &Path, key: &[u8], value: &[u8], force: bool) -> CmdResult {
+    precheck(pool, force)?;
     let db = Db::open(pool, rw_opts()).map_err(lib_err(pool))?;
     db.put(key, value).map_err(lib_err(pool))?;
     db.close().map_err(lib_err(pool))
@@ -476,7 +517,8 @@ fn get(pool: &Path, key: &[u8]) -> CmdResult {
     }
 }
 
-fn del(pool: &Path, key: &[u8]) -> CmdResult {
+fn del(pool: &Path, key: &[u8], force: bool) -> CmdResult {
+    precheck(pool, force)?;
     let db = Db::open(pool, rw_opts()).map_err(lib_err(pool))?;
     let existed = db.delete(key).map_err(lib_err(pool))?;
     db.close().map_err(lib_err(pool))?;
@@ -549,21 +591,45 @@ fn scan(a: ScanArgs) -> CmdResult {
     };
     let limit = a.limit.unwrap_or(u64::MAX);
     let pairs = iter
-        .filter(|(k, _)| prefix.is_none_or(|p| k.starts_with(p)))
+        .checked()
+        .filter(|r| {
+            r.as_ref()
+                .map_or(true, |(k, _)| prefix.is_none_or(|p| k.starts_with(p)))
+        })
         .take(usize::try_from(limit).unwrap_or(usize::MAX));
     if a.count {
-        let n = pairs.count();
+        let mut n = 0u64;
+        for r in pairs {
+            r.map_err(|e| damaged(pool, e, n))?;
+            n += 1;
+        }
         return writeln!(io::stdout(), "{n}").map_err(out_err);
     }
-    write_records(pairs)
+    write_records(pool, pairs)
 }
 
-/// Writes pairs as escaped `key<TAB>value` lines on standard output.
-fn write_records(pairs: impl Iterator<Item = (Vec<u8>, Vec<u8>)>) -> CmdResult {
+/// Damage met while listing, after `listed` pairs.
+fn damaged(pool: &Path, e: nvstore::Error, listed: u64) -> Fail {
+    Fail::error(format!(
+        "{} ({listed} pairs listed before it; `nvstore salvage` copies every readable record)",
+        lib_err(pool)(e).msg
+    ))
+}
+
+/// Writes pairs as escaped `key<TAB>value` lines on standard output; the
+/// first error (damage) ends the listing with a message.
+fn write_records(pool: &Path, pairs: impl Iterator<Item = nvstore::Result<(Vec<u8>, Vec<u8>)>>) -> CmdResult {
     let stdout = io::stdout();
     let mut out = io::BufWriter::with_capacity(1 << 16, stdout.lock());
     let mut line = Vec::new();
-    for (k, v) in pairs {
+    for (listed, r) in pairs.enumerate() {
+        let (k, v) = match r {
+            Ok(kv) => kv,
+            Err(e) => {
+                out.flush().map_err(out_err)?;
+                return Err(damaged(pool, e, listed as u64));
+            }
+        };
         line.clear();
         escape::format_record(&mut line, &k, &v);
         out.write_all(&line).map_err(out_err)?;
@@ -573,7 +639,68 @@ fn write_records(pairs: impl Iterator<Item = (Vec<u8>, Vec<u8>)>) -> CmdResult {
 
 fn dump(pool: &Path) -> CmdResult {
     let db = Db::open(pool, ro_opts()).map_err(lib_err(pool))?;
-    write_records(db.iter())
+    write_records(pool, db.iter().checked())
+}
+
+const SALVAGE_HELP: &str = "\
+Copy every readable record of a damaged pool into a new pool OUT, and print
+what was skipped.
+
+The damaged pool is opened read-only. Its leaves are found along the leaf
+chain; where the chain is broken, the leaves it no longer reaches are found
+by scanning the chunk headers (such a leaf may be one a split freed, so its
+records can be older than what was lost; they fill in only keys the chain
+did not hold, and the summary counts them). Each element is checked on its
+own: a damaged element or blob is skipped and counted, the rest of its leaf
+is copied. Per key the newest version wins; deleted keys stay deleted.
+
+OUT gets the damaged pool's leaf format and node size. Exit 0 when records
+were copied (even with some skipped), 2 when nothing was readable.";
+
+fn salvage(damaged: &Path, out: &Path) -> CmdResult {
+    if out.exists() {
+        return Err(Fail::error(format!("{}: a file already exists there", out.display())));
+    }
+    let nvstore::salvage::Salvaged {
+        leaf,
+        node_size,
+        records,
+        report: rep,
+    } = nvstore::salvage::read(damaged).map_err(lib_err(damaged))?;
+    if records.is_empty() && (rep.skipped_elements > 0 || rep.skipped_leaves > 0 || !rep.chain_whole) {
+        return Err(Fail::error(format!(
+            "{}: nothing readable: {}",
+            damaged.display(),
+            rep.notes.first().map_or("no sound leaf", String::as_str)
+        )));
+    }
+    let opts = Options {
+        create: true,
+        leaf,
+        node_size,
+        ..Options::default()
+    };
+    let db = Db::create(out, opts).map_err(lib_err(out))?;
+    for (k, v) in &records {
+        db.put(k, v).map_err(lib_err(out))?;
+    }
+    db.close().map_err(lib_err(out))?;
+    let mut text = format!(
+        "salvaged {} records from {} into {}: {} leaves on the chain{}, {} found by chunk scan ({} records from them); skipped {} damaged elements, {} leaves\n",
+        rep.records,
+        damaged.display(),
+        out.display(),
+        rep.chain_leaves,
+        if rep.chain_whole { "" } else { " (broken)" },
+        rep.scanned_leaves,
+        rep.records_off_chain,
+        rep.skipped_elements,
+        rep.skipped_leaves,
+    );
+    for n in &rep.notes {
+        text.push_str(&format!("skipped: {n}\n"));
+    }
+    io::stdout().write_all(text.as_bytes()).map_err(out_err)
 }
 
 /// Inputs at least this large get a progress bar (when stderr is a terminal).
@@ -598,7 +725,7 @@ fn progress_bar(total: Option<u64>) -> indicatif::ProgressBar {
     pb
 }
 
-fn load(pool: &Path, input: &Path) -> CmdResult {
+fn load(pool: &Path, input: &Path, force: bool) -> CmdResult {
     let stdin = input.as_os_str() == "-";
     let name = if stdin {
         "<stdin>".to_string()
@@ -614,6 +741,7 @@ fn load(pool: &Path, input: &Path) -> CmdResult {
         (Box::new(f), len)
     };
     let reader = BufReader::with_capacity(1 << 16, reader);
+    precheck(pool, force)?;
     let db = Db::open(pool, Options::default()).map_err(lib_err(pool))?;
     let pb = progress_bar(total);
     let mut records = escape::Records::new(reader);

@@ -61,7 +61,21 @@ impl Store {
     /// Opens (creating if missing) the pool; recovery runs inside. The
     /// pool must keep versions (nv leaves): every command runs on
     /// snapshots and transactions.
+    ///
+    /// An existing pool is first opened read-only and every leaf validated
+    /// (one pass, no collation): a damaged pool is refused before anything
+    /// is written to it, and a scan never stops early at damage.
     pub fn open(path: &Path, opts: Options) -> Result<Store> {
+        if path.exists() && !opts.read_only {
+            let ro = Options {
+                read_only: true,
+                create: false,
+                adaptive: nvstore::Adaptive::Off,
+                ..opts.clone()
+            };
+            let db = Db::open(path, ro)?;
+            db.validate()?;
+        }
         let db = Db::open(path, opts)?;
         db.nv_tree()?;
         Ok(Store { db })

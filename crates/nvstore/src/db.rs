@@ -282,7 +282,7 @@ impl<S: Space> Db<S> {
             let leaf = Tree::<S, L>::create_first_leaf(&*space, &alloc, node_size)?;
             let entries = vec![crate::tree::index::Entry {
                 max: crate::tree::index::Bound::PosInf,
-                leaf: Arc::new(crate::tree::LeafRef::with(leaf, node_size, 0)),
+                leaf: Arc::new(crate::tree::LeafRef::built(leaf, node_size, 0)),
             }];
             Ok(Arc::new(Tree::assemble(
                 space,
@@ -405,7 +405,7 @@ impl<S: Space> Db<S> {
     /// The value stored for `key`.
     pub fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
         crate::tree::check_key(key)?;
-        Ok(with_tree!(self, t => t.get(key)))
+        with_tree!(self, t => t.get(key))
     }
 
     /// Stores `value` under `key`; durable when it returns.
@@ -463,6 +463,16 @@ impl<S: Space> Db<S> {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// Checks every leaf the index names against its format's rules
+    /// (sizes, counts, element metadata, blob references, chain links),
+    /// without collating any: cheaper than [`Db::check`], and enough to
+    /// know no read of the pool will meet damage. The first damage found
+    /// is an [`Error::Corrupt`] with its offset; from then on this `Db`
+    /// refuses writes.
+    pub fn validate(&self) -> Result<()> {
+        with_tree!(self, t => t.validate_leaves())
     }
 
     /// Verifies every invariant without writing (`nvstore check`).
@@ -601,6 +611,9 @@ pub enum Iter<S: Space> {
     Isle(RangeIter<S, Isle>),
 }
 
+/// As an `Iterator` of pairs, an `Iter` ends early at a damaged leaf and
+/// keeps the error ([`Iter::error`]); [`Iter::checked`] turns it into an
+/// iterator of `Result`s that yields that error once, then stops.
 impl<S: Space> Iterator for Iter<S> {
     type Item = (Vec<u8>, Vec<u8>);
     fn next(&mut self) -> Option<Self::Item> {
@@ -608,6 +621,40 @@ impl<S: Space> Iterator for Iter<S> {
             Iter::Nv(i) => i.next(),
             Iter::Isle(i) => i.next(),
         }
+    }
+}
+
+impl<S: Space> Iter<S> {
+    /// The damage that ended the iteration early, if any.
+    pub fn error(&self) -> Option<&Error> {
+        match self {
+            Iter::Nv(i) => i.error(),
+            Iter::Isle(i) => i.error(),
+        }
+    }
+
+    /// The next pair, or the damage that stops the iteration (once).
+    pub fn next_checked(&mut self) -> Option<Result<(Vec<u8>, Vec<u8>)>> {
+        match self {
+            Iter::Nv(i) => i.next_checked(),
+            Iter::Isle(i) => i.next_checked(),
+        }
+    }
+
+    /// This iterator as one of `Result`s: every pair, then at most one
+    /// [`Error::Corrupt`] naming the damaged leaf, then nothing.
+    pub fn checked(self) -> CheckedIter<S> {
+        CheckedIter(self)
+    }
+}
+
+/// See [`Iter::checked`].
+pub struct CheckedIter<S: Space>(Iter<S>);
+
+impl<S: Space> Iterator for CheckedIter<S> {
+    type Item = Result<(Vec<u8>, Vec<u8>)>;
+    fn next(&mut self) -> Option<Self::Item> {
+        self.0.next_checked()
     }
 }
 

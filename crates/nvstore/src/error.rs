@@ -37,8 +37,15 @@ pub enum Error {
     #[error("{path}: a file already exists there")]
     AlreadyExists { path: PathBuf },
 
+    /// Damaged media: a structure read from the pool breaks its format's
+    /// rules. `off` is the pool offset of the damaged leaf, element or blob
+    /// where one is known.
     #[error("{path}: {what}")]
-    Corrupt { path: PathBuf, what: String },
+    Corrupt {
+        path: PathBuf,
+        off: Option<u64>,
+        what: String,
+    },
 
     #[error("key is {len} bytes; the limit is {limit}")]
     KeyTooLarge { len: usize, limit: usize },
@@ -70,6 +77,20 @@ pub enum Error {
 }
 
 impl Error {
+    /// Damage found at pool offset `off` (of a leaf, an element or a blob).
+    pub fn corrupt_at(path: impl Into<PathBuf>, off: u64, what: impl Into<String>) -> Error {
+        Error::Corrupt {
+            path: path.into(),
+            off: Some(off),
+            what: what.into(),
+        }
+    }
+
+    /// Whether this error reports damaged media.
+    pub fn is_corrupt(&self) -> bool {
+        matches!(self, Error::Corrupt { .. })
+    }
+
     /// Maps an I/O error on `path` to the matching typed error.
     pub fn io(path: impl Into<PathBuf>, e: std::io::Error) -> Error {
         let path = path.into();

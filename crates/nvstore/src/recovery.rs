@@ -70,6 +70,7 @@ struct LeafScan {
 fn corrupt(path: &Path, what: String) -> Error {
     Error::Corrupt {
         path: path.into(),
+        off: None,
         what,
     }
 }
@@ -237,7 +238,7 @@ fn rebuild_from_leaves<S: Space, L: LeafFormat>(
             let off = Tree::<S, L>::create_first_leaf(s, &alloc, node_size)?;
             entries.push(Entry {
                 max: Bound::PosInf,
-                leaf: Arc::new(LeafRef::with(off, node_size, 0)),
+                leaf: Arc::new(LeafRef::built(off, node_size, 0)),
             });
         } else {
             // Read-only view of a pool whose first leaf was never written.

@@ -51,7 +51,7 @@ impl<'a, S: Space> Snapshot<'a, S> {
     /// The value `key` had at the snapshot.
     pub fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
         check_key(key)?;
-        Ok(self.db.tree().get_at(key, self.pin.ts))
+        self.db.tree().get_at(key, self.pin.ts)
     }
 
     /// Pairs in `range` at the snapshot, in key order.
@@ -189,7 +189,7 @@ impl<'a, S: Space> Txn<'a, S> {
             let tree = db.tree();
             let now = tree.clock.visible();
             for (k, since) in &self.watches {
-                let snap_changed = tree.newest_version(k).is_some_and(|v| v > *since);
+                let snap_changed = tree.newest_version(k)?.is_some_and(|v| v > *since);
                 if snap_changed {
                     tree.stats.conflicts.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     return Err(Error::Conflict);

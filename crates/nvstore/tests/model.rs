@@ -166,7 +166,7 @@ fn run(ops: Vec<Op>) {
                     .collect();
                 assert_eq!(&got, at, "snapshot at {} changed", pin.ts);
                 for (k, v) in at.iter().take(5) {
-                    assert_eq!(db.tree().get_at(k, pin.ts).as_ref(), Some(v));
+                    assert_eq!(db.tree().get_at(k, pin.ts).unwrap().as_ref(), Some(v));
                 }
             }
         }

@@ -6,10 +6,14 @@
 //! writer restarts ([`recover`]). Values are 64 bytes (AsymNVM §9.2).
 
 pub mod bptree;
+pub mod hash;
 pub mod list;
+pub mod skiplist;
 
 pub use bptree::BpTree;
+pub use hash::HashTable;
 pub use list::{Queue, Stack};
+pub use skiplist::SkipList;
 
 use crate::{Remote, Result};
 

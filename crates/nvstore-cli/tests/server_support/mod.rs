@@ -91,7 +91,7 @@ impl Server {
 
     /// Sends a signal by pid and waits for the exit status.
     pub fn signal_and_wait(mut self, sig: i32) -> std::process::ExitStatus {
-        let rc = unsafe_free_kill(self.child.id(), sig);
+        let rc = kill_by_pid(self.child.id(), sig);
         assert!(rc, "kill failed");
         self.wait()
     }
@@ -112,8 +112,8 @@ impl Server {
     }
 }
 
-/// `kill(1)` by pid, without unsafe code.
-fn unsafe_free_kill(pid: u32, sig: i32) -> bool {
+/// `kill(1)` by pid, through the kill command.
+fn kill_by_pid(pid: u32, sig: i32) -> bool {
     Command::new("kill")
         .arg(format!("-{sig}"))
         .arg(pid.to_string())

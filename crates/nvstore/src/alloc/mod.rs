@@ -103,6 +103,11 @@ impl Allocator {
         }
     }
 
+    /// Where the data area starts: no leaf or blob lies below it.
+    pub fn data_start(&self) -> u64 {
+        self.data_start
+    }
+
     pub fn chunk_size(&self) -> u64 {
         self.chunk
     }
@@ -282,6 +287,7 @@ impl Allocator {
         };
         let runs = walk(space, chunk, data_start, pool_end).map_err(|what| Error::Corrupt {
             path: path.clone(),
+            off: None,
             what,
         })?;
         for (start, h) in runs {
@@ -292,6 +298,7 @@ impl Allocator {
                     if let Some(b) = inside.first() {
                         return Err(Error::Corrupt {
                             path,
+                            off: None,
                             what: format!("reachable block {b} lies in a free chunk at {start}"),
                         });
                     }
@@ -307,6 +314,7 @@ impl Allocator {
                         {
                             return Err(Error::Corrupt {
                                 path,
+                                off: None,
                                 what: format!("reference {b} is not a block boundary of the slab at {start}"),
                             });
                         }
@@ -325,6 +333,7 @@ impl Allocator {
                     if inside != [start + FIRST_BLOCK] {
                         return Err(Error::Corrupt {
                             path,
+                            off: None,
                             what: format!("bad reference into the run at {start}: {inside:?}"),
                         });
                     }
@@ -363,6 +372,7 @@ impl Allocator {
     pub fn load<S: Space>(space: &S, chunk: u64, data_start: u64, path: PathBuf, saved: &[u64]) -> Result<Allocator> {
         let bad = |what: &str| Error::Corrupt {
             path: path.clone(),
+            off: None,
             what: format!("saved allocator state: {what}"),
         };
         let mut it = saved.iter().copied();
@@ -391,6 +401,7 @@ impl Allocator {
         }
         let runs = walk(space, chunk, data_start, pool_end).map_err(|what| Error::Corrupt {
             path: path.clone(),
+            off: None,
             what,
         })?;
         for (start, h) in runs {

@@ -174,6 +174,7 @@ impl Header {
         }
         let corrupt = |what: String| Error::Corrupt {
             path: path.into(),
+            off: None,
             what,
         };
         let leaf_format = LeafKind::from_u32(u32_at(LEAF_FORMAT_OFF))

@@ -8,3 +8,4 @@ pub mod header;
 pub mod leaf_isle;
 pub mod leaf_nv;
 pub mod saved;
+pub mod validate;

@@ -244,27 +244,45 @@ impl FileSpace {
         Ok(())
     }
 
+    /// The address of `[off, off+len)`, checked in every build: safe code
+    /// can never reach outside the mapping, whatever offset it computes (a
+    /// word read from damaged media, for one). A violation is a bug in the
+    /// layer above, which must validate media-derived offsets first; it
+    /// panics here instead of being undefined behaviour.
     #[inline]
     fn ptr(&self, off: u64, len: u64) -> *mut u8 {
-        debug_assert!(
-            off + len <= self.size.load(Ordering::Relaxed),
-            "access [{off}, {}) beyond pool size {}",
-            off + len,
-            self.size.load(Ordering::Relaxed)
-        );
-        // SAFETY: off is within the mapped size (debug-checked above; the
-        // engine only computes offsets inside allocated blocks).
+        let size = self.size.load(Ordering::Relaxed);
+        if off > size || len > size - off {
+            out_of_bounds(off, len, size);
+        }
+        // SAFETY: [off, off+len) lies inside the mapped size (checked
+        // above); the size only grows, and mapped extents stay mapped for
+        // the life of `self`.
         unsafe { self.base.add(off as usize) }
     }
 
     #[inline]
     fn word(&self, off: u64) -> &AtomicU64 {
-        debug_assert_eq!(off % 8, 0, "unaligned word at {off}");
-        // SAFETY: 8-aligned offset inside the mapping (see `ptr`); the page
-        // stays mapped for the life of `self`, and AtomicU64 has the same
-        // layout as u64.
+        if !off.is_multiple_of(8) {
+            unaligned(off);
+        }
+        // SAFETY: 8-aligned (checked above) offset inside the mapping
+        // (checked by `ptr`); the page stays mapped for the life of `self`,
+        // and AtomicU64 has the same layout as u64.
         unsafe { &*(self.ptr(off, 8) as *const AtomicU64) }
     }
+}
+
+#[cold]
+#[inline(never)]
+fn out_of_bounds(off: u64, len: u64, size: u64) -> ! {
+    panic!("pool access [{off}, +{len}) beyond the pool size {size}")
+}
+
+#[cold]
+#[inline(never)]
+fn unaligned(off: u64) -> ! {
+    panic!("unaligned atomic pool word at {off}")
 }
 
 impl Space for FileSpace {

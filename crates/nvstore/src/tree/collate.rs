@@ -3,12 +3,107 @@
 
 use std::ops::Bound as RB;
 
-use super::leaf::Slot;
 use rustc_hash::FxHashSet;
 
 use crate::format::element::element_key;
 use crate::format::leaf_nv::{self as nv, Layout, Meta};
 use crate::pmem::Space;
+
+/// One element read for a bulk operation (split, scan, recovery): its raw
+/// words and, only for keys longer than 8 bytes, the key bytes. Inline keys
+/// are never materialised unless asked for.
+#[derive(Clone, Debug)]
+pub struct Slot {
+    pub words: [u64; 4],
+    pub long_key: Option<Box<[u8]>>,
+    /// Set by [`Keep::Since`] on the element every present and future
+    /// snapshot reads for its key (its version is at or below the oldest
+    /// one): a new leaf may store it compact (see `format/leaf_nv.rs`).
+    pub settled: bool,
+}
+
+impl Slot {
+    pub fn negative(&self) -> bool {
+        self.words[3] & nv::NEGATIVE != 0
+    }
+    /// Commit timestamp.
+    pub fn version(&self) -> u64 {
+        self.words[3] & nv::VERSION_MASK
+    }
+    pub fn blob(&self) -> u64 {
+        self.words[1]
+    }
+    fn inline_len(&self) -> Option<usize> {
+        Meta::decode(self.words[3])
+            .expect("validated meta")
+            .key_inline
+            .map(|l| l as usize)
+    }
+    /// The full key.
+    pub fn key(&self) -> Vec<u8> {
+        match &self.long_key {
+            Some(k) => k.to_vec(),
+            None => nv::word_key(self.words[0], self.inline_len().unwrap_or(0)),
+        }
+    }
+    /// Order of this element's key relative to `key`, without allocating.
+    pub fn cmp_bytes(&self, key: &[u8]) -> std::cmp::Ordering {
+        match &self.long_key {
+            Some(k) => k.as_ref().cmp(key),
+            None => {
+                let w = self.words[0].to_be_bytes();
+                w[..self.inline_len().unwrap_or(0)].cmp(key)
+            }
+        }
+    }
+
+    /// Whether the value is in a blob.
+    pub fn value_in_blob(&self) -> bool {
+        Meta::decode(self.words[3])
+            .expect("validated meta")
+            .value_inline
+            .is_none()
+    }
+
+    /// The value, if it is inline (no pool access needed).
+    pub fn inline_value(&self) -> Option<Vec<u8>> {
+        let meta = Meta::decode(self.words[3]).expect("validated meta");
+        meta.value_inline
+            .map(|l| self.words[2].to_le_bytes()[..l as usize].to_vec())
+    }
+
+    /// Whether the key lies in `[lo, hi]`.
+    pub fn in_range(&self, lo: &RB<Vec<u8>>, hi: &RB<Vec<u8>>) -> bool {
+        use std::cmp::Ordering::*;
+        let above = match lo {
+            RB::Unbounded => true,
+            RB::Included(l) => self.cmp_bytes(l) != Less,
+            RB::Excluded(l) => self.cmp_bytes(l) == Greater,
+        };
+        above
+            && match hi {
+                RB::Unbounded => true,
+                RB::Included(h) => self.cmp_bytes(h) != Greater,
+                RB::Excluded(h) => self.cmp_bytes(h) == Less,
+            }
+    }
+
+    /// Bytewise key order, deciding on the prefix word where it can.
+    pub fn key_cmp(&self, other: &Slot) -> std::cmp::Ordering {
+        use std::cmp::Ordering;
+        match self.words[0].cmp(&other.words[0]) {
+            Ordering::Equal => {}
+            o => return o,
+        }
+        // Equal words: an inline key is a prefix of any longer key with the same word.
+        match (&self.long_key, &other.long_key) {
+            (None, None) => self.inline_len().cmp(&other.inline_len()),
+            (None, Some(_)) => Ordering::Less,
+            (Some(_), None) => Ordering::Greater,
+            (Some(a), Some(b)) => a.cmp(b),
+        }
+    }
+}
 
 /// Which versions [`collate`] keeps.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -103,6 +103,15 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
         for (k, v) in writes {
             check_sizes(k, v.as_deref().unwrap_or_default())?;
         }
+        self.writable_tree()?;
+        {
+            // Every leaf the commit reads or writes is sound (checked once).
+            let _guard = epoch::pin();
+            let idx = self.index.load();
+            for k in writes.keys().chain(watches.iter().map(|(k, _)| k)) {
+                self.sound(&idx.find_leaf(k))?;
+            }
+        }
         // Blobs first, outside every lock.
         let mut blobs: Vec<u64> = Vec::with_capacity(writes.len());
         let free_blobs = |blobs: &[u64]| {

@@ -7,9 +7,11 @@ use std::sync::Arc;
 use crossbeam_epoch as epoch;
 
 use super::collate::Keep;
+use super::collate::Slot;
 use super::index::{Bound, Found};
-use super::leaf::{LeafFormat, Slot};
+use super::leaf::LeafFormat;
 use super::{KeyBound, Tree};
+use crate::error::{Error, Result};
 use crate::format::element;
 use crate::pmem::Space;
 
@@ -17,8 +19,9 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
     /// The live elements of one leaf within the range, in key order. Values
     /// that live in blobs are read now, while the epoch is pinned; inline
     /// keys and values are materialised only when the iterator yields them.
-    fn leaf_range(&self, f: &Found, lo: &KeyBound, hi: &KeyBound, at: u64) -> Vec<Pending> {
-        L::collate_leaf(&*self.space, &f.leaf, Keep::At(at), lo, hi)
+    fn leaf_range(&self, f: &Found, lo: &KeyBound, hi: &KeyBound, at: u64) -> Result<Vec<Pending>> {
+        self.sound(&f.leaf)?;
+        Ok(L::collate_leaf(&*self.space, &f.leaf, Keep::At(at), lo, hi)
             .valid
             .into_iter()
             .map(|e| {
@@ -27,7 +30,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
                     .then(|| element::element_value(&*self.space, &e.words));
                 Pending { slot: e, blob_value }
             })
-            .collect()
+            .collect())
     }
 
     /// Iterator over `[lo, hi]` in key order (or reverse), reading one leaf at a time.
@@ -53,6 +56,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
             _pin: pin,
             buf: Vec::new(),
             done: false,
+            error: None,
         }
     }
 
@@ -121,6 +125,8 @@ pub struct RangeIter<S: Space, L: LeafFormat> {
     /// Pending elements, in reverse of the order they are yielded.
     buf: Vec<Pending>,
     done: bool,
+    /// The damage that stopped the iterator, until [`RangeIter::checked`] hands it on.
+    error: Option<Error>,
 }
 
 impl<S: Space, L: LeafFormat> RangeIter<S, L> {
@@ -146,7 +152,14 @@ impl<S: Space, L: LeafFormat> RangeIter<S, L> {
                     RB::Excluded(k) => idx.find_gt(k),
                 }
             };
-            let mut pairs = self.tree.leaf_range(&f, &self.lo, &self.hi, self.at);
+            let mut pairs = match self.tree.leaf_range(&f, &self.lo, &self.hi, self.at) {
+                Ok(p) => p,
+                Err(e) => {
+                    self.error = Some(e);
+                    self.done = true;
+                    return;
+                }
+            };
             if self.reverse {
                 // buf pops from the end: keep ascending so the largest comes first.
                 self.buf = pairs;
@@ -168,10 +181,45 @@ impl<S: Space, L: LeafFormat> RangeIter<S, L> {
     }
 }
 
+impl<S: Space, L: LeafFormat> RangeIter<S, L> {
+    /// The damage that ended this iterator early, if any: as an
+    /// `Iterator` of pairs it stops at a damaged leaf (see
+    /// [`RangeIter::checked`] for one that yields the error).
+    pub fn error(&self) -> Option<&Error> {
+        self.error.as_ref()
+    }
+
+    /// The next pair, or the damage that stops the iteration (yielded
+    /// once; `None` after it).
+    pub fn next_checked(&mut self) -> Option<Result<(Vec<u8>, Vec<u8>)>> {
+        self.refill();
+        match self.buf.pop() {
+            Some(p) => Some(Ok(p.into_pair())),
+            None => self.error.take().map(Err),
+        }
+    }
+
+    /// This iterator as one of `Result`s: pairs, then at most one error.
+    pub fn checked(self) -> Checked<Self> {
+        Checked(self)
+    }
+}
+
 impl<S: Space, L: LeafFormat> Iterator for RangeIter<S, L> {
     type Item = (Vec<u8>, Vec<u8>);
     fn next(&mut self) -> Option<Self::Item> {
         self.refill();
         self.buf.pop().map(Pending::into_pair)
+    }
+}
+
+/// An iterator of `Result`s over a range: every pair, then the damage that
+/// stopped it (once), then nothing.
+pub struct Checked<I>(I);
+
+impl<S: Space, L: LeafFormat> Iterator for Checked<RangeIter<S, L>> {
+    type Item = Result<(Vec<u8>, Vec<u8>)>;
+    fn next(&mut self) -> Option<Self::Item> {
+        self.0.next_checked()
     }
 }

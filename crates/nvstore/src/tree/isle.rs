@@ -20,8 +20,8 @@ use std::collections::HashMap;
 use std::ops::Bound as RB;
 use std::sync::atomic::{fence, AtomicU64, Ordering};
 
-use super::collate::{Collated, Keep};
-use super::leaf::{self, Audit, AuditCtx, Elem, LeafFormat, Newest, Removed, Scan, Slot, Written};
+use super::collate::{Collated, Keep, Slot};
+use super::leaf::{self, Audit, AuditCtx, Elem, LeafFormat, Newest, Removed, Scan, Written};
 use super::mvcc::Clock;
 use super::LeafRef;
 use crate::format::element;
@@ -707,8 +707,22 @@ impl LeafFormat for Isle {
         false
     }
 
+    fn lower_count<S: Space>(_s: &S, leaf: u64, _count: u64) {
+        // Isle writes publish pair by pair through code words, never as a
+        // multi-leaf transaction: its scan never asks for an undo.
+        unreachable!("isle leaf {leaf} has no count to lower");
+    }
+
     fn scan<S: Space>(s: &S, off: u64, committed: u64) -> std::result::Result<Scan, String> {
         recover::scan(s, off, committed)
+    }
+
+    fn validate<S: Space>(
+        s: &S,
+        off: u64,
+        data_start: u64,
+    ) -> std::result::Result<(u64, Option<u64>), crate::format::validate::Damage> {
+        crate::format::validate::isle_leaf(s, off, data_start).map(|size| (size, None))
     }
 
     fn audit<S: Space>(s: &S, leaf: &LeafRef, ctx: &AuditCtx<'_>) -> Audit {

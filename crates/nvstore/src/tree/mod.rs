@@ -39,6 +39,7 @@ use crate::alloc::Allocator;
 use crate::error::{Error, Result};
 use crate::format::element;
 use crate::format::header;
+use crate::format::validate::Damage;
 use crate::pmem::{points, Space};
 use adaptive::{LeafCounters, Profile, Strategy};
 use index::{Entry, Index};
@@ -73,6 +74,10 @@ pub struct LeafRef {
     pub counters: LeafCounters,
     /// Lookup hints of an nv leaf (fingerprints), DRAM only.
     pub hints: std::sync::OnceLock<hints::Hints>,
+    /// Whether the leaf passed [`LeafFormat::validate`] (`None`) or what
+    /// is damaged in it; set on first use of a leaf read from media, at
+    /// creation for a leaf this process built.
+    pub verdict: std::sync::OnceLock<Option<Damage>>,
 }
 
 impl LeafRef {
@@ -90,7 +95,15 @@ impl LeafRef {
             high: AtomicU64::new(u64::MAX),
             counters: LeafCounters::default(),
             hints: std::sync::OnceLock::new(),
+            verdict: std::sync::OnceLock::new(),
         }
+    }
+
+    /// A handle of a leaf this process has just built: sound by construction.
+    pub fn built(off: u64, size: u64, count: u64) -> LeafRef {
+        let l = LeafRef::with(off, size, count);
+        let _ = l.verdict.set(None);
+        l
     }
 }
 
@@ -130,6 +143,8 @@ pub struct Tree<S: Space, L: LeafFormat> {
     /// Workload-adaptive node sizing (NV-Tree §5): strategy, global
     /// counters and the cost model.
     pub adaptive: Profile,
+    /// Set once a damaged leaf was found: the tree refuses writes from then on.
+    pub damaged: AtomicBool,
     _leaf: PhantomData<L>,
 }
 
@@ -163,8 +178,76 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
             path,
             split_hook: Mutex::new(None),
             adaptive: Profile::new(leaves, L::SEARCH_LINE_SHARE),
+            damaged: AtomicBool::new(false),
             _leaf: PhantomData,
         }
+    }
+
+    /// Checks a leaf before its first use (once per leaf read from media;
+    /// see `format::validate`), so no read of it leaves the pool or its
+    /// own structures. A damaged leaf is reported as [`Error::Corrupt`]
+    /// with the offset every time it is reached, and the tree refuses
+    /// writes from then on.
+    #[inline]
+    pub fn sound(&self, leaf: &LeafRef) -> Result<()> {
+        let verdict = match leaf.verdict.get() {
+            Some(v) => v,
+            None => leaf.verdict.get_or_init(|| self.validate(leaf)),
+        };
+        match verdict {
+            None => Ok(()),
+            Some(d) => {
+                self.damaged.store(true, Ordering::Relaxed);
+                Err(Error::corrupt_at(&self.path, d.off, d.what.clone()))
+            }
+        }
+    }
+
+    #[cold]
+    fn validate(&self, leaf: &LeafRef) -> Option<Damage> {
+        if leaf.off == 0 && leaf.size == 0 {
+            return None; // read-only view of a pool without a first leaf
+        }
+        // As a reader of a format that changes words in place: again
+        // until no writer moved the leaf meanwhile.
+        loop {
+            let s1 = leaf.seq.load(Ordering::Acquire);
+            if s1 & 1 == 1 {
+                std::hint::spin_loop();
+                continue;
+            }
+            let r = L::validate(&*self.space, leaf.off, self.alloc.data_start());
+            std::sync::atomic::fence(Ordering::Acquire);
+            if leaf.seq.load(Ordering::Relaxed) != s1 {
+                continue;
+            }
+            let off = leaf.off;
+            return match r {
+                Err(d) => Some(d),
+                Ok((size, _)) if size != leaf.size => Some(Damage {
+                    off,
+                    what: format!("leaf {off} has size {size}, the index says {}", leaf.size),
+                }),
+                Ok((_, Some(count))) if leaf.durable.load(Ordering::Acquire) > count => Some(Damage {
+                    off,
+                    what: format!("leaf {off} count {count} is below the index's"),
+                }),
+                Ok(_) => None,
+            };
+        }
+    }
+
+    /// Refuses writes to a tree in which damage was found.
+    #[inline]
+    fn writable_tree(&self) -> Result<()> {
+        if self.damaged.load(Ordering::Relaxed) {
+            return Err(Error::Corrupt {
+                path: self.path.clone(),
+                off: None,
+                what: "the pool is damaged (see `nvstore check`); writes are refused, `nvstore salvage` copies what is readable".into(),
+            });
+        }
+        Ok(())
     }
 
     /// Writes the first, empty leaf of a new pool and links it from the header.
@@ -185,34 +268,38 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
     }
 
     /// Point lookup of the latest state.
-    pub fn get(&self, key: &[u8]) -> Option<Vec<u8>> {
+    pub fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
         self.get_at(key, u64::MAX)
     }
 
     /// Point lookup as of timestamp `at` (a pinned snapshot's).
-    pub fn get_at(&self, key: &[u8], at: u64) -> Option<Vec<u8>> {
+    pub fn get_at(&self, key: &[u8], at: u64) -> Result<Option<Vec<u8>>> {
         loop {
             let _g = epoch::pin();
             let idx = self.index.load();
             let f = idx.find(key);
+            self.sound(&f.leaf)?;
             self.adaptive.read(&f.leaf.counters);
             if let Some(v) = L::read(&*self.space, &f.leaf, key, at) {
-                return v;
+                return Ok(v);
             }
         }
     }
 
     /// Commit timestamp of `key`'s newest element (a delete's too).
-    pub fn newest_version(&self, key: &[u8]) -> Option<u64> {
+    pub fn newest_version(&self, key: &[u8]) -> Result<Option<u64>> {
         let _g = epoch::pin();
         let leaf = self.index.load().find_leaf(key);
+        self.sound(&leaf)?;
         let n = leaf.durable.load(Ordering::Acquire);
-        L::newest(&*self.space, &leaf, n, key, u64::MAX).map(|e| e.version)
+        Ok(L::newest(&*self.space, &leaf, n, key, u64::MAX).map(|e| e.version))
     }
 
     /// Inserts or updates. Durable when it returns.
     pub fn put(&self, key: &[u8], value: &[u8]) -> Result<()> {
         check_sizes(key, value)?;
+        self.writable_tree()?;
+        self.sound(&self.index.load().find_leaf(key))?;
         let blob = match element::blob_size(key, value) {
             Some(sz) => {
                 let off = self.alloc.alloc(&*self.space, sz)?;
@@ -258,6 +345,8 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
     /// Deletes; returns whether the key existed. Durable when it returns.
     pub fn delete(&self, key: &[u8]) -> Result<bool> {
         check_key(key)?;
+        self.writable_tree()?;
+        self.sound(&self.index.load().find_leaf(key))?;
         loop {
             let guard = epoch::pin();
             let leaf = self.index.load().find_leaf(key);
@@ -323,6 +412,17 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
     #[doc(hidden)]
     pub fn set_split_hook(&self, hook: Option<SplitHook>) {
         *self.split_hook.lock() = hook;
+    }
+
+    /// Checks every leaf of the index (`format::validate`) without
+    /// collating any: the first damage found, as [`Tree::sound`] reports it.
+    pub fn validate_leaves(&self) -> Result<()> {
+        let _g = epoch::pin();
+        let idx = self.index.load();
+        for e in idx.entries().iter() {
+            self.sound(&e.leaf)?;
+        }
+        Ok(())
     }
 
     /// Every leaf offset in chain order, with its element count.

@@ -5,9 +5,9 @@ use std::collections::HashMap;
 use std::ops::Bound as RB;
 use std::sync::atomic::Ordering;
 
-use super::collate::{collate, collate_in, Collated, Keep};
+use super::collate::{collate, collate_in, Collated, Keep, Slot};
 use super::hints::{cached_layout, fingerprint, hints, KeyTable};
-use super::leaf::{show, Audit, AuditCtx, Elem, LeafFormat, Lookup, Newest, Removed, Scan, Slot, Written};
+use super::leaf::{show, Audit, AuditCtx, Elem, LeafFormat, Lookup, Newest, Removed, Scan, Written};
 use super::mvcc::Clock;
 use super::LeafRef;
 use crate::format::blob;
@@ -393,6 +393,11 @@ impl LeafFormat for Nv {
         leaf.durable.load(Ordering::Relaxed) + need <= Self::capacity(leaf.size)
     }
 
+    fn lower_count<S: Space>(s: &S, leaf: u64, count: u64) {
+        s.store(leaf + nv::COUNT_OFF, count);
+        s.flush(leaf + nv::COUNT_OFF, 8, points::TXN_UNDO_FLUSH);
+    }
+
     fn scan<S: Space>(s: &S, off: u64, committed: u64) -> std::result::Result<Scan, String> {
         let pool = crate::format::header::pool_size(s);
         let size = Self::size(s, off);
@@ -488,6 +493,14 @@ impl LeafFormat for Nv {
         if s.read_u64(leaf.off + nv::STAMP_OFF) != 0 {
             s.flush(leaf.off + nv::COUNT_OFF, 8, points::SHUTDOWN_COUNTS_FLUSH);
         }
+    }
+
+    fn validate<S: Space>(
+        s: &S,
+        off: u64,
+        data_start: u64,
+    ) -> std::result::Result<(u64, Option<u64>), crate::format::validate::Damage> {
+        crate::format::validate::nv_leaf(s, off, data_start).map(|(size, count)| (size, Some(count)))
     }
 
     fn audit<S: Space>(s: &S, leaf: &LeafRef, ctx: &AuditCtx<'_>) -> Audit {

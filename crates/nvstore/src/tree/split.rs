@@ -11,8 +11,9 @@ use crossbeam_epoch as epoch;
 
 use super::adaptive::{LeafProfile, Strategy};
 use super::collate::Keep;
+use super::collate::Slot;
 use super::index::{Bound, Entry, Found, Index, Pln};
-use super::leaf::{LeafFormat, Slot};
+use super::leaf::LeafFormat;
 use super::{LeafRef, Tree};
 use crate::error::Result;
 use crate::format::header;
@@ -69,7 +70,10 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
         // Right sibling in the same PLN, for a merge.
         let right = idx.successor(f.pln, f.pos).filter(|(p, _, _)| *p == f.pln);
         let merge_ok = right.as_ref().is_some_and(|(_, _, r)| {
-            (c.valid.len() as u64) < min_fill && L::count(&*self.space, r.leaf.off) < L::capacity(r.leaf.size) / 2
+            // A damaged sibling is left alone (and reported when reached).
+            self.sound(&r.leaf).is_ok()
+                && (c.valid.len() as u64) < min_fill
+                && L::count(&*self.space, r.leaf.off) < L::capacity(r.leaf.size) / 2
         });
         let Some(rewrite) = plan(goal, &c.valid, min_fill, merge_ok, L::SPLITS_IN_PLACE) else {
             return Ok(false);
@@ -228,6 +232,15 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
             );
         }
         self.space.fence(points::NV_NEWLEAF_FENCE);
+        #[cfg(debug_assertions)]
+        {
+            let mut low = idx.predecessor(f.pln, f.pos).map_or(Bound::NegInf, |p| p.max);
+            for (i, (high, _, elems)) in new_entries.iter().enumerate() {
+                let built = LeafRef::with(offs[i], sizes[i], elems.len() as u64);
+                self.audit_rewritten(&built, &low, high, rewrite);
+                low = high.clone();
+            }
+        }
         // One atomic store swaps them in.
         let link = match idx.predecessor(f.pln, f.pos) {
             Some(p) => L::next_word(p.leaf.off),
@@ -247,7 +260,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
             .iter()
             .zip(offs.iter().zip(&sizes))
             .map(|((max, _, elems), (&off, &size))| {
-                let l = LeafRef::with(off, size, elems.len() as u64);
+                let l = LeafRef::built(off, size, elems.len() as u64);
                 l.counters.set(profile.share(parts));
                 Entry {
                     max: max.clone(),
@@ -313,6 +326,12 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
         let low = right[0].words[0];
         L::build_with_low(&*self.space, off, size, old_next, &right, low);
         self.space.fence(points::NV_NEWLEAF_FENCE);
+        #[cfg(debug_assertions)]
+        {
+            let sep = Bound::Key(left.last().expect("a non-empty left part").key().into());
+            let built = LeafRef::with(off, size, right.len() as u64);
+            self.audit_rewritten(&built, &sep, &f.high, Rewrite::SplitInPlace { at: left.len() });
+        }
         // Writers and readers that routed here with the old index route again.
         f.leaf.high.store(low, Ordering::Release);
         L::split_in_place(&*self.space, &f.leaf, off, &right);
@@ -324,7 +343,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
             },
             Entry {
                 max: f.high.clone(),
-                leaf: Arc::new(LeafRef::with(off, size, right.len() as u64)),
+                leaf: Arc::new(LeafRef::built(off, size, right.len() as u64)),
             },
         ];
         let pln = idx.plns[f.pln].load();
@@ -337,6 +356,29 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
         }
         self.stats.splits.fetch_add(1, Ordering::Relaxed);
         Ok(size)
+    }
+
+    /// Test and debug builds: every invariant `check` audits holds for a
+    /// leaf a rewrite has just built (before it is linked in), its keys
+    /// above `low` and up to `high`. A violation panics here, at the
+    /// rewrite that caused it, instead of at a later `check`.
+    #[cfg(debug_assertions)]
+    fn audit_rewritten(&self, built: &LeafRef, low: &Bound, high: &Bound, rewrite: Rewrite) {
+        let s = &*self.space;
+        let in_bounds = |k: &[u8]| !low.covers(k) && high.covers(k);
+        let ctx = super::leaf::AuditCtx {
+            pool: header::pool_size(s),
+            committed: s.load(header::TXN_COMMIT_OFF),
+            last_ts: self.clock.last(),
+            in_bounds: &in_bounds,
+        };
+        let a = L::audit(s, built, &ctx);
+        assert!(
+            a.problems.is_empty(),
+            "{rewrite:?} built leaf {} breaking invariants: {:?}",
+            built.off,
+            a.problems
+        );
     }
 
     /// Size of a new leaf for `elems` and `extra` more: `target`, or

@@ -1,0 +1,194 @@
+//! Hash table with separate chaining (AsymNVM §8.2, §9.2): a fixed array of
+//! bucket words, each the head of a chain of 80-byte nodes
+//! `{next, key, value[64]}`. New keys are pushed at the head of their
+//! chain. The metadata object `{buckets, nbuckets, count}` is cached at
+//! depth 0, bucket words at depth 1 and chain nodes at depth 2, so with a
+//! warm cache an insert needs no remote read; every write operation is one
+//! operation log and its writes are memory logs.
+
+use super::{u64_at, Replay, VALUE};
+use crate::{Error, Remote, Result};
+
+const NODE: u64 = 16 + VALUE as u64;
+const META: usize = 24;
+const OP_PUT: u8 = 1;
+const OP_DEL: u8 = 2;
+
+/// A node found on a chain: `(previous node or 0, address, bytes)`.
+type Found = (u64, u64, Vec<u8>);
+
+/// A hash table of `u64` keys and 64-byte values on a back-end.
+pub struct HashTable {
+    meta: u64,
+    buckets: u64,
+    nbuckets: u64,
+}
+
+fn value64(v: &[u8]) -> Vec<u8> {
+    let mut out = vec![0u8; VALUE];
+    let k = v.len().min(VALUE);
+    out[..k].copy_from_slice(&v[..k]);
+    out
+}
+
+/// The bucket of `key` among `nbuckets` (a power of two): Fibonacci hashing.
+pub fn bucket_of(key: u64, nbuckets: u64) -> u64 {
+    let h = key.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    (h >> 32) & (nbuckets - 1)
+}
+
+impl HashTable {
+    /// Opens the table named `name`, or creates it with `nbuckets` buckets
+    /// (rounded up to a power of two).
+    pub fn open(r: &mut Remote, name: &str, nbuckets: u64) -> Result<HashTable> {
+        if let Some(meta) = r.name_get(name)? {
+            let b = r.read(meta, META, 0)?;
+            return Ok(HashTable {
+                meta,
+                buckets: u64_at(&b, 0),
+                nbuckets: u64_at(&b, 8),
+            });
+        }
+        let nbuckets = nbuckets.max(1).next_power_of_two();
+        let buckets = r.alloc(nbuckets * 8)?;
+        r.write(buckets, &vec![0u8; nbuckets as usize * 8])?;
+        let meta = r.alloc(META as u64)?;
+        let t = HashTable {
+            meta,
+            buckets,
+            nbuckets,
+        };
+        let mut b = Vec::with_capacity(META);
+        for w in [buckets, nbuckets, 0] {
+            b.extend_from_slice(&w.to_le_bytes());
+        }
+        r.write_new(meta, &b, 0)?;
+        r.flush()?;
+        r.name_set(name, meta)?;
+        Ok(t)
+    }
+
+    pub fn nbuckets(&self) -> u64 {
+        self.nbuckets
+    }
+
+    fn slot(&self, key: u64) -> u64 {
+        self.buckets + 8 * bucket_of(key, self.nbuckets)
+    }
+
+    fn count(&self, r: &mut Remote) -> Result<u64> {
+        Ok(u64_at(&r.read(self.meta, META, 0)?, 16))
+    }
+
+    fn set_count(&self, r: &mut Remote, count: u64) -> Result<()> {
+        r.write(self.meta + 16, &count.to_le_bytes())
+    }
+
+    pub fn len(&self, r: &mut Remote) -> Result<u64> {
+        self.count(r)
+    }
+
+    pub fn is_empty(&self, r: &mut Remote) -> Result<bool> {
+        Ok(self.len(r)? == 0)
+    }
+
+    /// Walks `key`'s chain: its head, and the key's `(previous node or 0,
+    /// node address, node bytes)` if present.
+    fn find(&self, r: &mut Remote, key: u64) -> Result<(u64, Option<Found>)> {
+        let slot = self.slot(key);
+        let head = u64_at(&r.read(slot, 8, 1)?, 0);
+        let (mut prev, mut at) = (0u64, head);
+        while at != 0 {
+            let n = r.read(at, NODE as usize, 2)?;
+            if u64_at(&n, 8) == key {
+                return Ok((head, Some((prev, at, n))));
+            }
+            prev = at;
+            at = u64_at(&n, 0);
+        }
+        Ok((head, None))
+    }
+
+    /// The value of `key`.
+    pub fn get(&self, r: &mut Remote, key: u64) -> Result<Option<Vec<u8>>> {
+        Ok(self.find(r, key)?.1.map(|(_, _, n)| n[16..].to_vec()))
+    }
+
+    /// Inserts or replaces `key`; durable when it returns.
+    pub fn put(&mut self, r: &mut Remote, key: u64, value: &[u8]) -> Result<()> {
+        let mut op = vec![OP_PUT];
+        op.extend_from_slice(&key.to_le_bytes());
+        op.extend_from_slice(&value64(value));
+        r.begin(&op);
+        self.do_put(r, key, &value64(value))?;
+        r.commit()
+    }
+
+    fn do_put(&mut self, r: &mut Remote, key: u64, value: &[u8]) -> Result<()> {
+        let count = self.count(r)?;
+        let (head, found) = self.find(r, key)?;
+        if let Some((_, at, _)) = found {
+            return r.write(at + 16, value);
+        }
+        let n = r.alloc(NODE)?;
+        let mut node = Vec::with_capacity(NODE as usize);
+        node.extend_from_slice(&head.to_le_bytes());
+        node.extend_from_slice(&key.to_le_bytes());
+        node.extend_from_slice(value);
+        r.write_new(n, &node, 2)?;
+        r.write(self.slot(key), &n.to_le_bytes())?;
+        self.set_count(r, count + 1)
+    }
+
+    /// Removes `key`, returning its value; durable when it returns.
+    pub fn remove(&mut self, r: &mut Remote, key: u64) -> Result<Option<Vec<u8>>> {
+        let mut op = vec![OP_DEL];
+        op.extend_from_slice(&key.to_le_bytes());
+        r.begin(&op);
+        let v = self.do_remove(r, key)?;
+        r.commit()?;
+        Ok(v)
+    }
+
+    fn do_remove(&mut self, r: &mut Remote, key: u64) -> Result<Option<Vec<u8>>> {
+        let count = self.count(r)?;
+        let Some((prev, at, n)) = self.find(r, key)?.1 else {
+            return Ok(None);
+        };
+        let next = &n[..8];
+        if prev == 0 {
+            r.write(self.slot(key), next)?;
+        } else {
+            r.write(prev, next)?;
+        }
+        r.free(at, NODE)?;
+        self.set_count(r, count - 1)?;
+        Ok(Some(n[16..].to_vec()))
+    }
+
+    /// Every pair, bucket by bucket (all bucket words in one round trip on a miss).
+    pub fn items(&self, r: &mut Remote) -> Result<Vec<(u64, Vec<u8>)>> {
+        let slots: Vec<(u64, usize, u32)> = (0..self.nbuckets).map(|i| (self.buckets + 8 * i, 8, 1)).collect();
+        let heads = r.read_many(&slots)?;
+        let mut out = Vec::new();
+        for h in heads {
+            let mut at = u64_at(&h, 0);
+            while at != 0 {
+                let n = r.read(at, NODE as usize, 2)?;
+                out.push((u64_at(&n, 8), n[16..].to_vec()));
+                at = u64_at(&n, 0);
+            }
+        }
+        Ok(out)
+    }
+}
+
+impl Replay for HashTable {
+    fn redo(&mut self, r: &mut Remote, op: &[u8]) -> Result<()> {
+        match op.first() {
+            Some(&OP_PUT) if op.len() == 9 + VALUE => self.do_put(r, u64_at(op, 1), &op[9..]),
+            Some(&OP_DEL) if op.len() == 9 => self.do_remove(r, u64_at(op, 1)).map(|_| ()),
+            _ => Err(Error::Protocol(format!("not a hash-table operation: {op:?}"))),
+        }
+    }
+}

@@ -1,0 +1,282 @@
+//! Hash table and skiplist over an in-process back-end: agreement with a
+//! model in every mode and after reopen, exact round trips per operation,
+//! and exactly-once re-execution after a writer dies.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use rand::{Rng, SeedableRng};
+
+use nvstore::pmem::SimSpace;
+use nvstore_asym::backend::Backend;
+use nvstore_asym::structures::hash::bucket_of;
+use nvstore_asym::structures::skiplist::height_of;
+use nvstore_asym::structures::{recover, HashTable, SkipList};
+use nvstore_asym::transport::{share, SharedBackend};
+use nvstore_asym::{Fault, FaultyTransport, Layout, LocalTransport, Mode, Remote, RemoteOptions};
+
+const MODES: [Mode; 4] = [Mode::Naive, Mode::R, Mode::Rc, Mode::Rcb];
+
+fn backend() -> SharedBackend {
+    share(Backend::create(SimSpace::new(8 << 20), Layout::default_for(8 << 20)).unwrap())
+}
+
+fn opts(mode: Mode, batch: usize) -> RemoteOptions {
+    RemoteOptions {
+        mode,
+        batch,
+        flush_after: Duration::from_secs(3600),
+        ..RemoteOptions::default()
+    }
+}
+
+fn val(i: u64) -> Vec<u8> {
+    (0..64).map(|j| (i as u8).wrapping_add(j)).collect()
+}
+
+/// The two structures behind one interface, for shared tests.
+trait Kv {
+    fn put(&mut self, r: &mut Remote, k: u64, v: &[u8]);
+    fn get(&self, r: &mut Remote, k: u64) -> Option<Vec<u8>>;
+    fn remove(&mut self, r: &mut Remote, k: u64) -> Option<Vec<u8>>;
+    fn items(&self, r: &mut Remote) -> BTreeMap<u64, Vec<u8>>;
+    fn len(&self, r: &mut Remote) -> u64;
+}
+
+impl Kv for HashTable {
+    fn put(&mut self, r: &mut Remote, k: u64, v: &[u8]) {
+        HashTable::put(self, r, k, v).unwrap()
+    }
+    fn get(&self, r: &mut Remote, k: u64) -> Option<Vec<u8>> {
+        HashTable::get(self, r, k).unwrap()
+    }
+    fn remove(&mut self, r: &mut Remote, k: u64) -> Option<Vec<u8>> {
+        HashTable::remove(self, r, k).unwrap()
+    }
+    fn items(&self, r: &mut Remote) -> BTreeMap<u64, Vec<u8>> {
+        let v = HashTable::items(self, r).unwrap();
+        let n = v.len();
+        let m: BTreeMap<_, _> = v.into_iter().collect();
+        assert_eq!(m.len(), n, "a key appears twice");
+        m
+    }
+    fn len(&self, r: &mut Remote) -> u64 {
+        HashTable::len(self, r).unwrap()
+    }
+}
+
+impl Kv for SkipList {
+    fn put(&mut self, r: &mut Remote, k: u64, v: &[u8]) {
+        SkipList::put(self, r, k, v).unwrap()
+    }
+    fn get(&self, r: &mut Remote, k: u64) -> Option<Vec<u8>> {
+        SkipList::get(self, r, k).unwrap()
+    }
+    fn remove(&mut self, r: &mut Remote, k: u64) -> Option<Vec<u8>> {
+        SkipList::remove(self, r, k).unwrap()
+    }
+    fn items(&self, r: &mut Remote) -> BTreeMap<u64, Vec<u8>> {
+        let v = SkipList::items(self, r).unwrap();
+        assert!(v.windows(2).all(|w| w[0].0 < w[1].0), "level 0 is not sorted");
+        v.into_iter().collect()
+    }
+    fn len(&self, r: &mut Remote) -> u64 {
+        SkipList::len(self, r).unwrap()
+    }
+}
+
+fn open_hash(r: &mut Remote) -> HashTable {
+    HashTable::open(r, "h", 64).unwrap()
+}
+
+fn open_skip(r: &mut Remote) -> SkipList {
+    SkipList::open(r, "s").unwrap()
+}
+
+fn agrees_with_a_model<T: Kv>(open: fn(&mut Remote) -> T) {
+    for mode in MODES {
+        let b = backend();
+        let mut r = Remote::open(LocalTransport::new(b.clone()), opts(mode, 16)).unwrap();
+        let mut t = open(&mut r);
+        let mut model = BTreeMap::new();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+        for i in 0..1200u64 {
+            let k = rng.gen_range(0..400u64);
+            match i % 5 {
+                0..=2 => {
+                    t.put(&mut r, k, &val(i));
+                    model.insert(k, val(i));
+                }
+                3 => assert_eq!(t.remove(&mut r, k), model.remove(&k), "{mode:?} op {i}"),
+                _ => assert_eq!(t.get(&mut r, k), model.get(&k).cloned(), "{mode:?} op {i}"),
+            }
+        }
+        assert_eq!(t.items(&mut r), model, "{mode:?}");
+        assert_eq!(t.len(&mut r), model.len() as u64, "{mode:?}");
+        r.close().unwrap();
+        let mut r = Remote::open(LocalTransport::new(b), opts(mode, 16)).unwrap();
+        let t = open(&mut r);
+        assert_eq!(t.items(&mut r), model, "{mode:?} after reopen");
+        assert_eq!(t.len(&mut r), model.len() as u64, "{mode:?} after reopen");
+        for k in 0..400u64 {
+            assert_eq!(
+                t.get(&mut r, k),
+                model.get(&k).cloned(),
+                "{mode:?} key {k} after reopen"
+            );
+        }
+    }
+}
+
+#[test]
+fn hash_table_agrees_with_a_model_in_every_mode_and_after_reopen() {
+    agrees_with_a_model(open_hash);
+}
+
+#[test]
+fn skiplist_agrees_with_a_model_in_every_mode_and_after_reopen() {
+    agrees_with_a_model(open_skip);
+}
+
+/// Round trips of `n` inserts of new keys (mallocs excluded) and the tx_writes among them.
+fn insert_round_trips<T: Kv>(mode: Mode, batch: usize, open: fn(&mut Remote) -> T, keys: &[u64]) -> (u64, u64) {
+    let mut r = Remote::open(LocalTransport::new(backend()), opts(mode, batch)).unwrap();
+    let mut t = open(&mut r);
+    let start = r.counters().clone();
+    for &k in keys {
+        t.put(&mut r, k, &val(k));
+    }
+    let d = r.counters().since(&start);
+    (d.round_trips - d.verbs_of("malloc"), d.verbs_of("tx_write"))
+}
+
+#[test]
+fn hash_table_round_trips_per_insert_are_exact_in_each_mode() {
+    let keys: Vec<u64> = (0..200u64).map(|i| i * 7919 + 3).collect();
+    // Chain length each insert walks: keys of its bucket inserted before it.
+    let mut per_bucket: HashMap<u64, u64> = HashMap::new();
+    let mut walked = 0;
+    for &k in &keys {
+        let c = per_bucket.entry(bucket_of(k, 64)).or_default();
+        walked += *c;
+        *c += 1;
+    }
+    let n = keys.len() as u64;
+    assert!(walked > 0, "some chains are walked");
+    // naive: metadata, bucket word, each chain node; write node, bucket word, count.
+    assert_eq!(
+        insert_round_trips(Mode::Naive, 1, open_hash, &keys),
+        (5 * n + walked, 0)
+    );
+    // r: the same reads, then one tx_write.
+    assert_eq!(insert_round_trips(Mode::R, 1, open_hash, &keys), (3 * n + walked, n));
+    // rc: the metadata is cached after the first read, bucket words after theirs,
+    // new nodes on creation: one read of each bucket word, once.
+    let buckets = per_bucket.len() as u64;
+    assert_eq!(insert_round_trips(Mode::Rc, 1, open_hash, &keys), (n + buckets, n));
+    // rcb: one operation log each (first touches of a bucket word read it); a tx_write every 10.
+    assert_eq!(
+        insert_round_trips(Mode::Rcb, 10, open_hash, &keys),
+        (n + buckets, n / 10)
+    );
+}
+
+/// Nodes a skiplist search for `key` reads, given the present `(key, height)`
+/// pairs in key order: at each level from the top, the nodes of that level
+/// after the predecessor, up to the first not below `key`.
+fn search_reads(present: &[(u64, usize)], key: u64) -> u64 {
+    let mut visited = std::collections::BTreeSet::new();
+    let mut pred: Option<usize> = None;
+    for l in (0..12).rev() {
+        let mut from = pred.map_or(0, |p| p + 1);
+        while let Some(j) = (from..present.len()).find(|&j| present[j].1 > l) {
+            visited.insert(j);
+            if present[j].0 < key {
+                pred = Some(j);
+                from = j + 1;
+            } else {
+                break;
+            }
+        }
+    }
+    visited.len() as u64
+}
+
+#[test]
+fn skiplist_round_trips_per_insert_are_exact_in_each_mode() {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+    let mut keys: Vec<u64> = (1..=300u64).map(|i| i * 13).collect();
+    for i in (1..keys.len()).rev() {
+        keys.swap(i, rng.gen_range(0..=i));
+    }
+    let n = keys.len() as u64;
+    // rc, rcb: the head and metadata are cached at creation, new nodes when written.
+    assert_eq!(insert_round_trips(Mode::Rc, 1, open_skip, &keys), (n, n));
+    assert_eq!(insert_round_trips(Mode::Rcb, 10, open_skip, &keys), (n, n / 10));
+    let mut present: Vec<(u64, usize)> = Vec::new();
+    let (mut expect_r, mut expect_naive) = (0, 0);
+    for &k in &keys {
+        let reads = 2 + search_reads(&present, k);
+        let h = height_of(k);
+        // r: metadata, head and the search path, then one tx_write.
+        expect_r += reads + 1;
+        // naive: the same reads, then the node, one link per level and the count.
+        expect_naive += reads + 1 + h as u64 + 1;
+        let at = present.partition_point(|p| p.0 < k);
+        present.insert(at, (k, h));
+    }
+    assert!(present.iter().any(|p| p.1 > 2), "some nodes are tall");
+    assert_eq!(insert_round_trips(Mode::R, 1, open_skip, &keys), (expect_r, n));
+    assert_eq!(insert_round_trips(Mode::Naive, 1, open_skip, &keys), (expect_naive, 0));
+}
+
+fn dies_and_recovers<T: Kv + nvstore_asym::structures::Replay>(open: fn(&mut Remote) -> T) {
+    for kill_after in [25u64, 61, 140] {
+        let b = backend();
+        let fault = Fault {
+            kill_after: Some(kill_after),
+            ..Fault::default()
+        };
+        let mut r = Remote::open(
+            FaultyTransport::new(LocalTransport::new(b.clone()), fault),
+            opts(Mode::Rcb, 8),
+        )
+        .unwrap();
+        let mut t = open(&mut r);
+        let mut model = BTreeMap::new();
+        let mut i = 0u64;
+        let mut rng = rand::rngs::StdRng::seed_from_u64(kill_after);
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| loop {
+            i += 1;
+            let k = rng.gen_range(0..200u64);
+            if i.is_multiple_of(4) {
+                let got = t.remove(&mut r, k);
+                assert_eq!(got, model.remove(&k));
+            } else {
+                t.put(&mut r, k, &val(i));
+                model.insert(k, val(i));
+            }
+        }));
+        // Only the injected death may end the loop, not a disagreement with the model.
+        let payload = result.expect_err("the transport dies");
+        let msg = payload.downcast_ref::<String>().cloned().unwrap_or_default();
+        assert!(msg.contains("Io("), "ended by {msg:?}");
+        drop(r);
+        let mut r = Remote::open(LocalTransport::new(b), opts(Mode::Rcb, 8)).unwrap();
+        let mut t = open(&mut r);
+        recover(&mut r, &mut t).unwrap();
+        assert_eq!(t.items(&mut r), model, "kill after {kill_after}");
+        assert_eq!(t.len(&mut r), model.len() as u64);
+        assert_eq!(recover(&mut r, &mut t).unwrap(), 0);
+    }
+}
+
+#[test]
+fn a_hash_table_writer_that_dies_is_recovered_exactly_once() {
+    dies_and_recovers(open_hash);
+}
+
+#[test]
+fn a_skiplist_writer_that_dies_is_recovered_exactly_once() {
+    dies_and_recovers(open_skip);
+}

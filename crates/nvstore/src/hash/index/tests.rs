@@ -1,0 +1,178 @@
+//! Tests of the ordered index: against `BTreeMap`, invariants after every
+//! change, snapshots under a concurrent writer, rebuild from the table.
+
+use std::collections::BTreeMap;
+use std::ops::Bound;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use proptest::prelude::*;
+
+use super::*;
+
+fn bound(b: &Bound<Vec<u8>>) -> Bound<&[u8]> {
+    b.as_ref().map(Vec::as_slice)
+}
+
+/// BTreeMap panics on an empty or inverted range; the index yields nothing.
+fn model_range(m: &BTreeMap<Vec<u8>, u32>, lo: &Bound<Vec<u8>>, hi: &Bound<Vec<u8>>) -> Vec<(Vec<u8>, u32)> {
+    m.iter()
+        .filter(|(k, _)| {
+            let above = match lo {
+                Bound::Included(l) => *k >= l,
+                Bound::Excluded(l) => *k > l,
+                Bound::Unbounded => true,
+            };
+            let below = match hi {
+                Bound::Included(h) => *k <= h,
+                Bound::Excluded(h) => *k < h,
+                Bound::Unbounded => true,
+            };
+            above && below
+        })
+        .map(|(k, v)| (k.clone(), *v))
+        .collect()
+}
+
+fn key_strategy() -> impl Strategy<Value = Vec<u8>> {
+    // A small alphabet, so keys collide, share prefixes and include 0xff.
+    proptest::collection::vec(prop_oneof![Just(0u8), Just(1), Just(2), Just(0xfe), Just(0xff)], 0..4)
+}
+
+fn bound_strategy() -> impl Strategy<Value = Bound<Vec<u8>>> {
+    prop_oneof![
+        key_strategy().prop_map(Bound::Included),
+        key_strategy().prop_map(Bound::Excluded),
+        Just(Bound::Unbounded),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+
+    #[test]
+    fn matches_btreemap(
+        order in 4usize..9,
+        ops in proptest::collection::vec((any::<bool>(), key_strategy(), any::<u32>()), 0..300),
+        queries in proptest::collection::vec((bound_strategy(), bound_strategy(), key_strategy()), 1..8),
+    ) {
+        let index = Index::new(order);
+        let mut model = BTreeMap::new();
+        for (insert, k, v) in ops {
+            if insert {
+                prop_assert_eq!(index.insert(&k, v), model.insert(k, v));
+            } else {
+                prop_assert_eq!(index.remove(&k), model.remove(&k));
+            }
+            index.check().map_err(TestCaseError::fail)?;
+        }
+        prop_assert_eq!(index.len(), model.len() as u64);
+        for (k, v) in &model {
+            prop_assert_eq!(index.get(k), Some(*v));
+        }
+        for (lo, hi, p) in queries {
+            let want = model_range(&model, &lo, &hi);
+            let got: Vec<_> = index.range(bound(&lo), bound(&hi)).collect();
+            prop_assert_eq!(&got, &want, "range {:?}..{:?}", lo, hi);
+            let mut want_rev = want;
+            want_rev.reverse();
+            let got_rev: Vec<_> = index.range_rev(bound(&lo), bound(&hi)).collect();
+            prop_assert_eq!(&got_rev, &want_rev, "range_rev {:?}..{:?}", lo, hi);
+            let want_p: Vec<_> = model.iter().filter(|(k, _)| k.starts_with(&p)).map(|(k, v)| (k.clone(), *v)).collect();
+            let got_p: Vec<_> = index.prefix(&p).collect();
+            prop_assert_eq!(got_p, want_p, "prefix {:?}", p);
+        }
+    }
+}
+
+#[test]
+fn grows_and_shrinks_back_to_a_leaf() {
+    let index = Index::new(4);
+    for i in 0..2000u32 {
+        index.insert(&i.to_be_bytes(), i);
+    }
+    index.check().unwrap();
+    assert!(matches!(&*index.root.load_full(), Node::Inner { .. }));
+    let all: Vec<u32> = index
+        .range(Bound::Unbounded, Bound::Unbounded)
+        .map(|(_, v)| v)
+        .collect();
+    assert_eq!(all, (0..2000).collect::<Vec<_>>());
+    for i in (0..2000u32).rev() {
+        assert_eq!(index.remove(&i.to_be_bytes()), Some(i));
+        if i % 97 == 0 {
+            index.check().unwrap();
+        }
+    }
+    index.check().unwrap();
+    assert!(index.is_empty());
+    assert!(matches!(&*index.root.load_full(), Node::Leaf { .. }));
+}
+
+#[test]
+fn readers_see_consistent_snapshots_while_a_writer_works() {
+    let index = Arc::new(Index::new(6));
+    // Readers check what a snapshot guarantees whatever the writer does:
+    // strictly ascending keys, each with its own value.
+    let stop = Arc::new(AtomicBool::new(false));
+    let readers: Vec<_> = (0..2)
+        .map(|_| {
+            let (index, stop) = (index.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut scans = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let snap: Vec<(Vec<u8>, u32)> = index.range(Bound::Unbounded, Bound::Unbounded).collect();
+                    assert!(snap.windows(2).all(|w| w[0].0 < w[1].0), "snapshot out of order");
+                    assert!(
+                        snap.iter().all(|(k, v)| k == &v.to_be_bytes()),
+                        "value torn from its key"
+                    );
+                    let rev: Vec<(Vec<u8>, u32)> = index.range_rev(Bound::Unbounded, Bound::Unbounded).collect();
+                    assert!(rev.windows(2).all(|w| w[0].0 > w[1].0), "reverse snapshot out of order");
+                    scans += 1;
+                }
+                scans
+            })
+        })
+        .collect();
+    for round in 0..20u32 {
+        for i in 0..300u32 {
+            let k = (i * 7 + round) % 500;
+            if (i + round) % 3 == 0 {
+                index.remove(&k.to_be_bytes());
+            } else {
+                index.insert(&k.to_be_bytes(), k);
+            }
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    for r in readers {
+        assert!(r.join().expect("reader panicked") > 0);
+    }
+    index.check().unwrap();
+}
+
+#[test]
+fn rebuilds_from_the_hash_table() {
+    use crate::alloc::Allocator;
+    use crate::format::header;
+    use crate::pmem::{SimSpace, LINE};
+    let size = 4096 + 16 * 16384;
+    let space = Arc::new(SimSpace::new(size));
+    space.store(header::POOL_SIZE_OFF, size);
+    let alloc = Arc::new(Allocator::fresh(16384, 4096, size, "t".into()));
+    let table = HashTable::create(space, alloc, 2 * LINE, "t".into()).unwrap();
+    let mut model = BTreeMap::new();
+    for i in 0..700u32 {
+        let k = format!("user/{:04}", (i * 37) % 1000).into_bytes();
+        table.put(&k, &i.to_le_bytes()).unwrap();
+        model.insert(k, i);
+    }
+    let index = Index::rebuild(&table, 16, |_, v| u32::from_le_bytes(v.try_into().unwrap()));
+    index.check().unwrap();
+    let got: Vec<_> = index.range(Bound::Unbounded, Bound::Unbounded).collect();
+    let want_prefix = model.keys().filter(|k| k.starts_with(b"user/01")).count();
+    assert!(want_prefix > 0);
+    assert_eq!(index.prefix(b"user/01").count(), want_prefix);
+    assert_eq!(got, model.into_iter().collect::<Vec<_>>());
+}

@@ -1,0 +1,589 @@
+//! The persistent hash table: extendible hashing over segments of buckets
+//! (CCEH, Dash), one 8-byte publish per write, splits by copy-on-write.
+
+use std::collections::{BTreeSet, HashMap};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use parking_lot::RwLock;
+
+use super::layout::{self as l, BucketHeader, Meta, Slot};
+use super::points as p;
+use crate::alloc::Allocator;
+use crate::error::{Error, Result};
+use crate::format::blob;
+use crate::pmem::{Space, LINE};
+
+/// Longest key or value: blob lengths are 32-bit.
+pub const MAX_LEN: usize = u32::MAX as usize;
+
+/// DRAM mirror of the published directory, and counters.
+#[derive(Clone, Debug)]
+struct State {
+    dir: u64,
+    depth: u32,
+    entries: Vec<u64>,
+    len: u64,
+    next_version: u64,
+}
+
+/// What [`HashTable::recover`] found in the pool: the table's state and
+/// every block it references (for the allocator's reachability rebuild).
+#[derive(Debug)]
+pub struct Scan {
+    state: State,
+    /// The directory, every segment and every blob of a published slot.
+    pub reachable: BTreeSet<u64>,
+}
+
+impl Scan {
+    /// Distinct keys.
+    pub fn len(&self) -> u64 {
+        self.state.len
+    }
+}
+
+/// A published slot holding the key looked for.
+#[derive(Clone, Copy, Debug)]
+struct Found {
+    bucket: u64,
+    slot: usize,
+    words: Slot,
+    meta: Meta,
+}
+
+/// A persistent hash table in the pool, rooted at one 8-byte word.
+///
+/// Writers are serialised by the lock; readers share it. Blocks a write
+/// unlinks are freed at once, which the lock makes safe (no reader can hold
+/// them).
+pub struct HashTable<S: Space> {
+    space: Arc<S>,
+    alloc: Arc<Allocator>,
+    root_off: u64,
+    path: PathBuf,
+    state: RwLock<State>,
+}
+
+impl<S: Space> HashTable<S> {
+    /// Creates an empty table (one segment, global depth 0) and publishes
+    /// it at `root_off`, which must hold 0.
+    pub fn create(space: Arc<S>, alloc: Arc<Allocator>, root_off: u64, path: PathBuf) -> Result<Self> {
+        let seg = alloc.alloc(&*space, l::SEGMENT_BYTES)?;
+        let dir = match alloc.alloc(&*space, l::dir_bytes(0)) {
+            Ok(d) => d,
+            Err(e) => {
+                alloc.free(seg);
+                return Err(e);
+            }
+        };
+        space.zero(seg, l::SEGMENT_BYTES);
+        space.flush(seg, l::SEGMENT_BYTES, p::SEGMENT_FLUSH);
+        let entry = l::dir_entry(seg, 0);
+        space.store(dir, l::dir_word0(0));
+        space.store(dir + 8, entry);
+        space.flush(dir, l::dir_bytes(0), p::DIR_FLUSH);
+        space.fence(p::SPLIT_FENCE);
+        space.publish(root_off, dir, p::ROOT_FLUSH, p::ROOT_FENCE);
+        let state = State {
+            dir,
+            depth: 0,
+            entries: vec![entry],
+            len: 0,
+            next_version: 1,
+        };
+        Ok(HashTable {
+            space,
+            alloc,
+            root_off,
+            path,
+            state: RwLock::new(state),
+        })
+    }
+
+    /// Reads and validates the table rooted at `root_off` without writing:
+    /// the directory's shape, every published slot (metadata, blob, and
+    /// that its key hashes to where it is stored). Any violation is
+    /// `Error::Corrupt`. Needs no allocator, so the caller can rebuild the
+    /// allocator from [`Scan::reachable`] and then [`HashTable::open`].
+    pub fn recover(space: &S, root_off: u64, path: &std::path::Path) -> Result<Scan> {
+        let corrupt = |what: String| Error::Corrupt {
+            path: path.to_path_buf(),
+            off: None,
+            what: format!("hash table: {what}"),
+        };
+        let size = space.size();
+        let in_pool = |off: u64, len: u64| {
+            off != 0 && off.is_multiple_of(LINE) && off.checked_add(len).is_some_and(|e| e <= size)
+        };
+        let dir = space.load(root_off);
+        if !in_pool(dir, 8) {
+            return Err(corrupt(format!("root {dir} is not a directory")));
+        }
+        let w0 = space.load(dir);
+        let depth = (w0 & 0xffff_ffff) as u32;
+        if w0 >> 32 != l::DIR_TAG || depth > l::MAX_DEPTH || !in_pool(dir, l::dir_bytes(depth)) {
+            return Err(corrupt(format!("directory at {dir} has a bad first word {w0:#x}")));
+        }
+        let entries: Vec<u64> = (0..1u64 << depth).map(|j| space.load(dir + 8 + 8 * j)).collect();
+        let mut reachable = BTreeSet::from([dir]);
+        let mut segments = Vec::new();
+        let mut j = 0usize;
+        while j < entries.len() {
+            let e = entries[j];
+            let (seg, local) = (l::entry_seg(e), l::entry_depth(e));
+            if local > depth || !in_pool(seg, l::SEGMENT_BYTES) {
+                return Err(corrupt(format!("directory entry {j} ({e:#x}) is invalid")));
+            }
+            let span = 1usize << (depth - local);
+            if !j.is_multiple_of(span) || entries[j..j + span].iter().any(|&x| x != e) {
+                return Err(corrupt(format!(
+                    "directory entries of segment {seg} are not one aligned run at {j}"
+                )));
+            }
+            if !reachable.insert(seg) {
+                return Err(corrupt(format!("segment {seg} appears twice in the directory")));
+            }
+            segments.push((seg, local, (j >> (depth - local)) as u64));
+            j += span;
+        }
+        let mut len = 0;
+        let mut max_version = 0;
+        for (seg, local, pattern) in segments {
+            let mut newest: HashMap<Vec<u8>, u64> = HashMap::new();
+            for b in 0..l::SEGMENT_BUCKETS {
+                let bo = l::bucket_off(seg, b);
+                let hdr = BucketHeader(space.load(bo));
+                if !hdr.well_formed() {
+                    return Err(corrupt(format!("bucket {bo} has a bad header {:#x}", hdr.0)));
+                }
+                for i in (0..l::BUCKET_SLOTS).filter(|&i| hdr.valid(i)) {
+                    let so = bo + l::slot_rel(i);
+                    let words = read_slot(space, so);
+                    let meta = Meta::decode(words[3])
+                        .ok_or_else(|| corrupt(format!("slot {so} is published but holds no entry")))?;
+                    if meta.needs_blob() {
+                        validate_blob(space, words[1], meta, size).map_err(|w| corrupt(format!("slot {so}: {w}")))?;
+                        if !reachable.insert(words[1]) {
+                            return Err(corrupt(format!("blob {} is referenced twice", words[1])));
+                        }
+                    }
+                    let key = slot_key(space, &words, meta);
+                    let h = l::hash(&key);
+                    let home = l::home_bucket(h);
+                    let placed = (0..l::PROBE).any(|d| (home + d) % l::SEGMENT_BUCKETS == b);
+                    let mine = local == 0 || h >> (64 - local) == pattern;
+                    if !placed || !mine || hdr.fp(i) != l::fingerprint(h) {
+                        return Err(corrupt(format!("slot {so} holds a key that does not hash there")));
+                    }
+                    max_version = max_version.max(meta.version);
+                    newest.insert(key, meta.version);
+                }
+            }
+            len += newest.len() as u64;
+        }
+        Ok(Scan {
+            state: State {
+                dir,
+                depth,
+                entries,
+                len,
+                next_version: max_version + 1,
+            },
+            reachable,
+        })
+    }
+
+    /// Opens a recovered table with the pool's (rebuilt) allocator.
+    pub fn open(space: Arc<S>, alloc: Arc<Allocator>, root_off: u64, path: PathBuf, scan: Scan) -> Self {
+        HashTable {
+            space,
+            alloc,
+            root_off,
+            path,
+            state: RwLock::new(scan.state),
+        }
+    }
+
+    /// Number of distinct keys.
+    pub fn len(&self) -> u64 {
+        self.state.read().len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Global depth of the directory (for tests and `stat`).
+    pub fn depth(&self) -> u32 {
+        self.state.read().depth
+    }
+
+    pub fn get(&self, key: &[u8]) -> Option<Vec<u8>> {
+        let st = self.state.read();
+        let found = self.find_all(&st, l::hash(key), key);
+        let newest = found.iter().max_by_key(|f| f.meta.version)?;
+        Some(slot_value(&*self.space, &newest.words, newest.meta))
+    }
+
+    /// Inserts or replaces. One 8-byte bucket-header store publishes it:
+    /// the new slot's bit set and, in the same word, the old slot's bit
+    /// cleared. Only when the old entry's bucket is full does the new one go
+    /// to the other bucket of the probe window; then the old copy is cleared
+    /// by a second store, and a crash in between leaves two copies, of which
+    /// readers and recovery take the newer version.
+    pub fn put(&self, key: &[u8], value: &[u8]) -> Result<()> {
+        if key.len() > MAX_LEN {
+            return Err(Error::KeyTooLarge {
+                len: key.len(),
+                limit: MAX_LEN,
+            });
+        }
+        if value.len() > MAX_LEN {
+            return Err(Error::ValueTooLarge {
+                len: value.len(),
+                limit: MAX_LEN,
+            });
+        }
+        let mut st = self.state.write();
+        let h = l::hash(key);
+        loop {
+            let found = self.find_all(&st, h, key);
+            let seg = l::entry_seg(st.entries[l::dir_index(h, st.depth) as usize]);
+            let newest = found.iter().max_by_key(|f| f.meta.version);
+            let window = (0..l::PROBE).map(|d| l::bucket_off(seg, l::home_bucket(h) + d));
+            let target = newest.map(|f| f.bucket).into_iter().chain(window).find_map(|b| {
+                let hdr = BucketHeader(self.space.load(b));
+                hdr.free_slot().map(|i| (b, hdr, i))
+            });
+            let Some((b, hdr, i)) = target else {
+                self.split(&mut st, h)?;
+                continue;
+            };
+            let version = st.next_version;
+            if version > l::VERSION_MAX {
+                return Err(Error::Unsupported("hash table: entry versions exhausted".into()));
+            }
+            let blob_off = match l::blob_bytes(key, value) {
+                Some(bytes) => {
+                    let off = self.alloc.alloc(&*self.space, bytes.len() as u64)?;
+                    self.space.write(off, &bytes);
+                    self.space.flush(off, bytes.len() as u64, p::BLOB_FLUSH);
+                    off
+                }
+                None => 0,
+            };
+            let words = l::encode_slot(key, value, blob_off, version);
+            let so = b + l::slot_rel(i);
+            self.space.write(so, &l::slot_to_bytes(&words));
+            self.space.persist(so, l::SLOT_BYTES, p::SLOT_FLUSH, p::SLOT_FENCE);
+            let mut new_hdr = hdr.with(i, l::fingerprint(h));
+            for f in found.iter().filter(|f| f.bucket == b) {
+                new_hdr = new_hdr.without(f.slot);
+            }
+            self.space.publish(b, new_hdr.0, p::BUCKET_FLUSH, p::BUCKET_FENCE);
+            let others: Vec<Found> = found.iter().filter(|f| f.bucket != b).copied().collect();
+            self.unpublish(&others);
+            self.free_blobs(&found);
+            st.next_version += 1;
+            if found.is_empty() {
+                st.len += 1;
+            }
+            self.space.op_boundary();
+            return Ok(());
+        }
+    }
+
+    /// Removes `key`; returns whether it was present. Each bucket holding a
+    /// copy is cleared by one store, the bucket with the newest copy last,
+    /// so a crash never brings back an older value.
+    pub fn delete(&self, key: &[u8]) -> bool {
+        let mut st = self.state.write();
+        let found = self.find_all(&st, l::hash(key), key);
+        if found.is_empty() {
+            return false;
+        }
+        self.unpublish(&found);
+        self.free_blobs(&found);
+        st.len -= 1;
+        self.space.op_boundary();
+        true
+    }
+
+    /// Calls `f` with every key and its newest value, in hash order (the
+    /// full iteration that rebuilds the ordered index at open).
+    pub fn for_each(&self, mut f: impl FnMut(&[u8], &[u8])) {
+        let st = self.state.read();
+        let mut seen = BTreeSet::new();
+        for &e in &st.entries {
+            let seg = l::entry_seg(e);
+            if !seen.insert(seg) {
+                continue;
+            }
+            let mut newest: HashMap<Vec<u8>, Found> = HashMap::new();
+            for (_, _, found, key) in self.segment_entries(seg) {
+                match newest.get(&key) {
+                    Some(old) if old.meta.version > found.meta.version => {}
+                    _ => {
+                        newest.insert(key, found);
+                    }
+                }
+            }
+            for (key, found) in newest {
+                f(&key, &slot_value(&*self.space, &found.words, found.meta));
+            }
+        }
+    }
+
+    /// Every block the table references, read back from the pool (for the
+    /// allocator's `verify`).
+    pub fn reachable(&self) -> Result<BTreeSet<u64>> {
+        let _st = self.state.read();
+        Ok(Self::recover(&*self.space, self.root_off, &self.path)?.reachable)
+    }
+
+    /// Published slots holding `key` in its probe window.
+    fn find_all(&self, st: &State, h: u64, key: &[u8]) -> Vec<Found> {
+        let seg = l::entry_seg(st.entries[l::dir_index(h, st.depth) as usize]);
+        let fp = l::fingerprint(h);
+        let mut out = Vec::new();
+        for d in 0..l::PROBE {
+            let b = l::bucket_off(seg, l::home_bucket(h) + d);
+            let hdr = BucketHeader(self.space.load(b));
+            for i in (0..l::BUCKET_SLOTS).filter(|&i| hdr.valid(i) && hdr.fp(i) == fp) {
+                let words = read_slot(&*self.space, b + l::slot_rel(i));
+                let Some(meta) = Meta::decode(words[3]) else { continue };
+                if slot_key_eq(&*self.space, &words, meta, key) {
+                    out.push(Found {
+                        bucket: b,
+                        slot: i,
+                        words,
+                        meta,
+                    });
+                }
+            }
+        }
+        out
+    }
+
+    /// Every published slot of a segment: (bucket index, slot, entry, key).
+    fn segment_entries(&self, seg: u64) -> Vec<(u64, usize, Found, Vec<u8>)> {
+        let mut out = Vec::new();
+        for b in 0..l::SEGMENT_BUCKETS {
+            let bo = l::bucket_off(seg, b);
+            let hdr = BucketHeader(self.space.load(bo));
+            for i in (0..l::BUCKET_SLOTS).filter(|&i| hdr.valid(i)) {
+                let words = read_slot(&*self.space, bo + l::slot_rel(i));
+                let Some(meta) = Meta::decode(words[3]) else { continue };
+                let key = slot_key(&*self.space, &words, meta);
+                let found = Found {
+                    bucket: bo,
+                    slot: i,
+                    words,
+                    meta,
+                };
+                out.push((b, i, found, key));
+            }
+        }
+        out
+    }
+
+    /// Clears the slots of `found`, one store per bucket, buckets in order
+    /// of their newest copy (oldest first).
+    fn unpublish(&self, found: &[Found]) {
+        let mut buckets: Vec<(u64, u64)> = Vec::new(); // (newest version, bucket)
+        for f in found {
+            match buckets.iter_mut().find(|(_, b)| *b == f.bucket) {
+                Some(e) => e.0 = e.0.max(f.meta.version),
+                None => buckets.push((f.meta.version, f.bucket)),
+            }
+        }
+        buckets.sort_unstable();
+        for (_, b) in buckets {
+            let mut hdr = BucketHeader(self.space.load(b));
+            for f in found.iter().filter(|f| f.bucket == b) {
+                hdr = hdr.without(f.slot);
+            }
+            self.space.publish(b, hdr.0, p::BUCKET_FLUSH, p::BUCKET_FENCE);
+        }
+    }
+
+    fn free_blobs(&self, found: &[Found]) {
+        for f in found.iter().filter(|f| f.meta.needs_blob()) {
+            self.alloc.free(f.words[1]);
+        }
+    }
+
+    /// Splits the segment `h` maps to into two new segments of one more
+    /// local depth, and publishes a new directory (doubled when the
+    /// segment's local depth equals the global depth) by one store of the
+    /// root word. The old segment and directory are never changed, so a
+    /// crash before that store leaves the old table whole, and after it the
+    /// new one; the unpublished blocks are unreachable and the allocator's
+    /// rebuild frees them. Each entry keeps its bucket and slot, so it fits
+    /// (its new segment holds a subset of the old one's entries); older
+    /// copies of a key are dropped.
+    fn split(&self, st: &mut State, h: u64) -> Result<()> {
+        let e = st.entries[l::dir_index(h, st.depth) as usize];
+        let (seg, local) = (l::entry_seg(e), l::entry_depth(e));
+        let depth = if local == st.depth { st.depth + 1 } else { st.depth };
+        if depth > l::MAX_DEPTH {
+            return Err(Error::Unsupported(format!(
+                "hash table: segment {seg} cannot split beyond depth {}",
+                l::MAX_DEPTH
+            )));
+        }
+        let mut newest: HashMap<Vec<u8>, Found> = HashMap::new();
+        let mut dropped = Vec::new();
+        for (_, _, found, key) in self.segment_entries(seg) {
+            match newest.get(&key) {
+                Some(old) if old.meta.version > found.meta.version => dropped.push(found),
+                _ => {
+                    if let Some(old) = newest.insert(key, found) {
+                        dropped.push(old);
+                    }
+                }
+            }
+        }
+        let mut halves = [
+            vec![0u8; l::SEGMENT_BYTES as usize],
+            vec![0u8; l::SEGMENT_BYTES as usize],
+        ];
+        let mut headers = [[BucketHeader::default(); l::SEGMENT_BUCKETS as usize]; 2];
+        for (key, f) in &newest {
+            let kh = l::hash(key);
+            let half = l::split_bit(kh, local) as usize;
+            let rel = (f.bucket - seg) as usize;
+            let so = rel + l::slot_rel(f.slot) as usize;
+            halves[half][so..so + l::SLOT_BYTES as usize].copy_from_slice(&l::slot_to_bytes(&f.words));
+            let b = rel / l::BUCKET_BYTES as usize;
+            headers[half][b] = headers[half][b].with(f.slot, l::fingerprint(kh));
+        }
+        for (half, hdrs) in halves.iter_mut().zip(&headers) {
+            for (b, hdr) in hdrs.iter().enumerate() {
+                let o = b * l::BUCKET_BYTES as usize;
+                half[o..o + 8].copy_from_slice(&hdr.0.to_le_bytes());
+            }
+        }
+        let mut fresh = Vec::new();
+        let mut alloc = |size: u64| -> Result<u64> {
+            let off = self.alloc.alloc(&*self.space, size)?;
+            fresh.push(off);
+            Ok(off)
+        };
+        let blocks = (|| {
+            Ok::<_, Error>((
+                alloc(l::SEGMENT_BYTES)?,
+                alloc(l::SEGMENT_BYTES)?,
+                alloc(l::dir_bytes(depth))?,
+            ))
+        })();
+        let (s0, s1, dir) = match blocks {
+            Ok(b) => b,
+            Err(err) => {
+                for off in fresh {
+                    self.alloc.free(off);
+                }
+                return Err(err);
+            }
+        };
+        for (off, bytes) in [(s0, &halves[0]), (s1, &halves[1])] {
+            self.space.write(off, bytes);
+            self.space.flush(off, l::SEGMENT_BYTES, p::SEGMENT_FLUSH);
+        }
+        let entries: Vec<u64> = (0..1usize << depth)
+            .map(|j| {
+                let old = st.entries[j >> (depth - st.depth)];
+                if old != e {
+                    old
+                } else if (j >> (depth - 1 - local)) & 1 == 0 {
+                    l::dir_entry(s0, local + 1)
+                } else {
+                    l::dir_entry(s1, local + 1)
+                }
+            })
+            .collect();
+        let mut bytes = Vec::with_capacity(l::dir_bytes(depth) as usize);
+        bytes.extend_from_slice(&l::dir_word0(depth).to_le_bytes());
+        for w in &entries {
+            bytes.extend_from_slice(&w.to_le_bytes());
+        }
+        self.space.write(dir, &bytes);
+        self.space.flush(dir, bytes.len() as u64, p::DIR_FLUSH);
+        self.space.fence(p::SPLIT_FENCE);
+        self.space.publish(self.root_off, dir, p::ROOT_FLUSH, p::ROOT_FENCE);
+        self.alloc.free(seg);
+        self.alloc.free(st.dir);
+        self.free_blobs(&dropped);
+        st.dir = dir;
+        st.depth = depth;
+        st.entries = entries;
+        Ok(())
+    }
+}
+
+fn read_slot<S: Space>(s: &S, off: u64) -> Slot {
+    let mut b = [0u8; l::SLOT_BYTES as usize];
+    s.read(off, &mut b);
+    l::slot_from_bytes(&b)
+}
+
+fn slot_key<S: Space>(s: &S, w: &Slot, meta: Meta) -> Vec<u8> {
+    match meta.key_inline {
+        Some(n) => w[0].to_le_bytes()[..n as usize].to_vec(),
+        None => {
+            let (kl, _) = blob::lens(s.read_u64(w[1]));
+            let mut k = vec![0u8; kl as usize];
+            s.read(w[1] + blob::DATA_OFF, &mut k);
+            k
+        }
+    }
+}
+
+fn slot_key_eq<S: Space>(s: &S, w: &Slot, meta: Meta, key: &[u8]) -> bool {
+    match meta.key_inline {
+        Some(n) => n as usize == key.len() && w[0].to_le_bytes()[..key.len()] == *key,
+        None => {
+            key.len() > l::INLINE_MAX
+                && blob::lens(s.read_u64(w[1])).0 == key.len() as u64
+                && slot_key(s, w, meta) == key
+        }
+    }
+}
+
+fn slot_value<S: Space>(s: &S, w: &Slot, meta: Meta) -> Vec<u8> {
+    match meta.value_inline {
+        Some(n) => w[2].to_le_bytes()[..n as usize].to_vec(),
+        None => {
+            let (kl, vl) = blob::lens(s.read_u64(w[1]));
+            let mut v = vec![0u8; vl as usize];
+            s.read(w[1] + blob::DATA_OFF + kl, &mut v);
+            v
+        }
+    }
+}
+
+/// A blob reference is inside the pool and its lengths match the slot.
+fn validate_blob<S: Space>(s: &S, b: u64, meta: Meta, size: u64) -> std::result::Result<(), String> {
+    if b == 0 || !b.is_multiple_of(LINE) || b.saturating_add(blob::DATA_OFF) > size {
+        return Err(format!("invalid blob reference {b}"));
+    }
+    let (kl, vl) = blob::lens(s.read_u64(b));
+    let key_ok = if meta.key_inline.is_none() {
+        kl > l::INLINE_MAX as u64
+    } else {
+        kl == 0
+    };
+    let value_ok = if meta.value_inline.is_none() {
+        vl > l::INLINE_MAX as u64
+    } else {
+        vl == 0
+    };
+    if !key_ok || !value_ok {
+        return Err(format!("blob {b} lengths ({kl}, {vl}) do not match the slot"));
+    }
+    if b + blob::DATA_OFF + kl + vl > size {
+        return Err(format!("blob {b} overruns the pool"));
+    }
+    Ok(())
+}

@@ -1,0 +1,368 @@
+//! Tests of the hash table: behaviour against a model, and crash campaigns.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use super::layout as l;
+use super::points;
+use super::table::HashTable;
+use crate::alloc::Allocator;
+use crate::format::header;
+use crate::pmem::sim::{CaptureConfig, OP_BOUNDARY};
+use crate::pmem::{SimSpace, Space, LINE};
+
+/// The table's root word: a spare word after the pool header's two lines.
+const ROOT: u64 = 2 * LINE;
+const DATA_START: u64 = 4096;
+const CHUNK: u64 = 16 * 1024;
+const POOL: u64 = DATA_START + 16 * CHUNK;
+
+fn path() -> PathBuf {
+    PathBuf::from("hash-test")
+}
+
+fn pool() -> (Arc<SimSpace>, Arc<Allocator>) {
+    let space = Arc::new(SimSpace::new(POOL));
+    space.store(header::POOL_SIZE_OFF, POOL);
+    space.persist(header::POOL_SIZE_OFF, 8, points::ROOT_FLUSH, points::ROOT_FENCE);
+    let alloc = Arc::new(Allocator::fresh(CHUNK, DATA_START, POOL, path()));
+    (space, alloc)
+}
+
+fn contents<S: Space>(t: &HashTable<S>) -> BTreeMap<Vec<u8>, Vec<u8>> {
+    let mut m = BTreeMap::new();
+    t.for_each(|k, v| {
+        assert!(m.insert(k.to_vec(), v.to_vec()).is_none(), "key {k:?} listed twice");
+    });
+    m
+}
+
+/// Allocator coverage: every block reachable from the table or free.
+fn leaks<S: Space>(space: &S, alloc: &Allocator, t: &HashTable<S>) -> Vec<String> {
+    let reach = t.reachable().expect("table reads back");
+    alloc.verify(space, &reach)
+}
+
+fn key(i: u32) -> Vec<u8> {
+    // Short keys inline, every third one out of line.
+    if i.is_multiple_of(3) {
+        format!("a-long-key-{i:06}").into_bytes()
+    } else {
+        i.to_le_bytes().to_vec()
+    }
+}
+
+fn value(rng: &mut StdRng) -> Vec<u8> {
+    let len = if rng.gen_bool(0.5) {
+        rng.gen_range(0..=8)
+    } else {
+        rng.gen_range(9..40)
+    };
+    (0..len).map(|_| rng.gen()).collect()
+}
+
+#[test]
+fn matches_a_map_through_splits_and_reopen() {
+    let (space, alloc) = pool();
+    let t = HashTable::create(space.clone(), alloc.clone(), ROOT, path()).unwrap();
+    let mut model = BTreeMap::new();
+    let mut rng = StdRng::seed_from_u64(1);
+    for step in 0..3000u32 {
+        let k = key(rng.gen_range(0..600));
+        if rng.gen_bool(0.25) {
+            assert_eq!(t.delete(&k), model.remove(&k).is_some(), "step {step}");
+        } else {
+            let v = value(&mut rng);
+            t.put(&k, &v).unwrap();
+            model.insert(k.clone(), v);
+        }
+        assert_eq!(t.get(&k), model.get(&k).cloned(), "step {step}");
+        assert_eq!(t.len(), model.len() as u64);
+    }
+    assert!(t.depth() >= 3, "the workload splits segments and doubles the directory");
+    assert_eq!(contents(&t), model);
+    for k in model.keys() {
+        assert_eq!(t.get(k).as_ref(), model.get(k));
+    }
+    assert_eq!(leaks(&*space, &alloc, &t), Vec::<String>::new());
+
+    // Reopen from what is persisted: same contents, same allocation.
+    let img = SimSpace::from_image(space.persisted_image());
+    let img = Arc::new(img);
+    let scan = HashTable::recover(&*img, ROOT, &path()).unwrap();
+    assert_eq!(scan.len(), model.len() as u64);
+    let alloc2 = Arc::new(Allocator::rebuild(&*img, CHUNK, DATA_START, path(), &scan.reachable).unwrap());
+    assert_eq!(alloc2.used_bytes(), alloc.used_bytes());
+    let t2 = HashTable::open(img.clone(), alloc2.clone(), ROOT, path(), scan);
+    assert_eq!(contents(&t2), model);
+    t2.put(b"after", b"reopen").unwrap();
+    assert_eq!(t2.get(b"after"), Some(b"reopen".to_vec()));
+    assert_eq!(leaks(&*img, &alloc2, &t2), Vec::<String>::new());
+}
+
+#[test]
+fn empty_keys_and_values_and_update_in_full_bucket() {
+    let (space, alloc) = pool();
+    let t = HashTable::create(space.clone(), alloc.clone(), ROOT, path()).unwrap();
+    t.put(b"", b"").unwrap();
+    assert_eq!(t.get(b""), Some(vec![]));
+    assert_eq!(t.get(b"x"), None);
+    // Many updates of one key: each reuses its bucket, nothing accumulates.
+    for i in 0..100u32 {
+        t.put(b"k", &i.to_le_bytes().repeat(i as usize % 5)).unwrap();
+    }
+    assert_eq!(t.len(), 2);
+    assert_eq!(t.get(b"k"), Some(99u32.to_le_bytes().repeat(4)));
+    assert!(t.delete(b""));
+    assert!(!t.delete(b""));
+    assert_eq!(leaks(&*space, &alloc, &t), Vec::<String>::new());
+}
+
+#[test]
+fn recovery_rejects_a_slot_in_the_wrong_bucket() {
+    let (space, alloc) = pool();
+    let t = HashTable::create(space.clone(), alloc, ROOT, path()).unwrap();
+    t.put(b"key", b"value").unwrap();
+    let h = l::hash(b"key");
+    let dir = space.load(ROOT);
+    let seg = l::entry_seg(space.load(dir + 8));
+    let home = l::bucket_off(seg, l::home_bucket(h));
+    let far = l::bucket_off(seg, l::home_bucket(h) + 5);
+    // Move the published slot five buckets on: recovery must refuse it.
+    let mut b = vec![0u8; l::BUCKET_BYTES as usize];
+    space.read(home, &mut b);
+    space.write(far, &b);
+    space.store(home, 0);
+    let err = HashTable::recover(&*space, ROOT, &path()).unwrap_err();
+    assert!(err.to_string().contains("does not hash there"), "{err}");
+}
+
+/// One operation of a crash workload.
+#[derive(Clone, Debug)]
+enum Op {
+    Put(Vec<u8>, Vec<u8>),
+    Delete(Vec<u8>),
+}
+
+fn workload(seed: u64, ops: usize, keys: u32) -> Vec<Op> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    (0..ops)
+        .map(|_| {
+            let k = key(rng.gen_range(0..keys));
+            if rng.gen_bool(0.2) {
+                Op::Delete(k)
+            } else {
+                Op::Put(k, value(&mut rng))
+            }
+        })
+        .collect()
+}
+
+/// Recovers one crash image and returns what is wrong with it, given the
+/// state before the operation in flight and after it.
+fn check_image(
+    data: Vec<u8>,
+    at_boundary: bool,
+    before: &BTreeMap<Vec<u8>, Vec<u8>>,
+    after: &BTreeMap<Vec<u8>, Vec<u8>>,
+) -> Vec<String> {
+    let space = Arc::new(SimSpace::from_image(data));
+    let p: &Path = &path();
+    let scan = match HashTable::recover(&*space, ROOT, p) {
+        Ok(s) => s,
+        Err(e) => return vec![format!("recovery failed: {e}")],
+    };
+    let reach = scan.reachable.clone();
+    let alloc = match Allocator::rebuild(&*space, CHUNK, DATA_START, path(), &reach) {
+        Ok(a) => Arc::new(a),
+        Err(e) => return vec![format!("allocator rebuild failed: {e}")],
+    };
+    let t = HashTable::open(space.clone(), alloc.clone(), ROOT, path(), scan);
+    let got = contents(&t);
+    let mut problems = Vec::new();
+    let keys: BTreeSet<&Vec<u8>> = got.keys().chain(before.keys()).chain(after.keys()).collect();
+    for k in keys {
+        let (g, b, a) = (got.get(k), before.get(k), after.get(k));
+        let ok = if at_boundary { g == a } else { g == a || g == b };
+        if !ok {
+            problems.push(format!("key {k:?}: recovered {g:?}, before {b:?}, after {a:?}"));
+        }
+        if t.get(k).as_ref() != g {
+            problems.push(format!("key {k:?}: get disagrees with the iteration"));
+        }
+    }
+    if t.len() != got.len() as u64 {
+        problems.push(format!("len {} but {} keys", t.len(), got.len()));
+    }
+    problems.extend(alloc.verify(&*space, &reach));
+    // Work continues after recovery, and allocates nothing twice.
+    if problems.is_empty() {
+        for i in 0..40u32 {
+            if let Err(e) = t.put(&key(10_000 + i), &[i as u8; 12]) {
+                problems.push(format!("put after recovery failed: {e}"));
+                break;
+            }
+        }
+        problems.extend(leaks(&*space, &alloc, &t));
+    }
+    problems
+}
+
+struct Campaign {
+    images: u64,
+    violations: Vec<String>,
+    drop_hits: u64,
+    points_seen: BTreeSet<&'static str>,
+}
+
+/// Runs `ops` with capture on, crashing at every fence and operation
+/// boundary; stops at the first violating image when `stop_early`.
+fn campaign(ops: &[Op], seed: u64, drop: Option<&str>, stop_early: bool) -> Campaign {
+    let (space, alloc) = pool();
+    let t = HashTable::create(space.clone(), alloc.clone(), ROOT, path()).unwrap();
+    space.set_drop(drop.map(str::to_string));
+    space.set_capture(Some(CaptureConfig {
+        seed,
+        random_subsets: 4,
+        torn: 2,
+    }));
+    let mut model = BTreeMap::new();
+    let mut c = Campaign {
+        images: 0,
+        violations: Vec::new(),
+        drop_hits: 0,
+        points_seen: BTreeSet::new(),
+    };
+    for (n, op) in ops.iter().enumerate() {
+        let before = model.clone();
+        match op {
+            Op::Put(k, v) => {
+                t.put(k, v).unwrap();
+                model.insert(k.clone(), v.clone());
+            }
+            Op::Delete(k) => {
+                t.delete(k);
+                model.remove(k);
+            }
+        }
+        for img in space.take_images() {
+            c.images += 1;
+            let at_boundary = img.point == OP_BOUNDARY;
+            for v in check_image(img.data, at_boundary, &before, &model) {
+                c.violations
+                    .push(format!("op {n} {op:?}, {} image at {}: {v}", img.kind, img.point));
+            }
+        }
+        if stop_early && !c.violations.is_empty() {
+            break;
+        }
+    }
+    c.drop_hits = space.drop_hits();
+    c.points_seen = space.points_seen();
+    c
+}
+
+#[test]
+fn crash_at_every_point_finds_no_violation() {
+    let ops = workload(11, 260, 120);
+    let c = campaign(&ops, 11, None, false);
+    assert!(
+        c.violations.is_empty(),
+        "{} violations, first: {:#?}",
+        c.violations.len(),
+        &c.violations[..c.violations.len().min(5)]
+    );
+    for p in points::ALL {
+        assert!(c.points_seen.contains(p.name), "workload never reaches {}", p.name);
+    }
+    assert!(c.images > 1000, "only {} images", c.images);
+}
+
+#[test]
+fn every_dropped_point_is_caught() {
+    let ops = workload(12, 260, 120);
+    let mut missed = Vec::new();
+    for p in points::ALL {
+        let c = campaign(&ops, 12, Some(p.name), true);
+        assert!(
+            c.drop_hits > 0 || !c.violations.is_empty(),
+            "{} was never reached",
+            p.name
+        );
+        if c.violations.is_empty() {
+            missed.push(p.name);
+        }
+    }
+    assert!(missed.is_empty(), "dropping these points went unnoticed: {missed:?}");
+}
+
+/// Keys whose home is bucket 0 of the first segment.
+fn keys_homed_at_zero(n: usize) -> Vec<Vec<u8>> {
+    (0u32..)
+        .map(|i| format!("h{i}").into_bytes())
+        .filter(|k| l::home_bucket(l::hash(k)) == 0)
+        .take(n)
+        .collect()
+}
+
+#[test]
+fn update_across_buckets_is_crash_safe() {
+    // Seven keys fill bucket 0; updating one must place the new copy in
+    // bucket 1 and clear the old one by a second store. A crash between
+    // the two leaves both copies: recovery must yield the newer value.
+    let keys = keys_homed_at_zero(8);
+    let mut ops: Vec<Op> = keys[..7].iter().map(|k| Op::Put(k.clone(), b"old".to_vec())).collect();
+    ops.push(Op::Put(keys[0].clone(), b"new-and-long-value".to_vec()));
+    ops.push(Op::Put(keys[7].clone(), b"eighth".to_vec()));
+    ops.push(Op::Delete(keys[0].clone()));
+    ops.push(Op::Put(keys[0].clone(), b"again".to_vec()));
+    let c = campaign(&ops, 5, None, false);
+    assert!(
+        c.violations.is_empty(),
+        "{:#?}",
+        &c.violations[..c.violations.len().min(5)]
+    );
+
+    let (space, alloc) = pool();
+    let t = HashTable::create(space.clone(), alloc, ROOT, path()).unwrap();
+    for k in &keys[..7] {
+        t.put(k, b"old").unwrap();
+    }
+    space.set_capture(Some(CaptureConfig::new(3)));
+    t.put(&keys[0], b"new").unwrap();
+    space.set_capture(None);
+    let seg = l::entry_seg(space.load(space.load(ROOT) + 8));
+    let b0 = l::BucketHeader(space.load(l::bucket_off(seg, 0)));
+    let b1 = l::BucketHeader(space.load(l::bucket_off(seg, 1)));
+    assert_eq!(
+        (b0.free_slot(), b1.free_slot()),
+        (Some(0), Some(1)),
+        "moved from slot 0 of bucket 0 to bucket 1"
+    );
+    assert_eq!(t.get(&keys[0]), Some(b"new".to_vec()));
+    // Some crash image holds both copies; recovery reads the newer one.
+    let word = |img: &[u8], off: u64| u64::from_le_bytes(img[off as usize..off as usize + 8].try_into().unwrap());
+    let mut both = 0;
+    for img in space.take_images() {
+        let h0 = l::BucketHeader(word(&img.data, l::bucket_off(seg, 0)));
+        let h1 = l::BucketHeader(word(&img.data, l::bucket_off(seg, 1)));
+        if h0.valid(0) && h1.valid(0) {
+            both += 1;
+            let sim = Arc::new(SimSpace::from_image(img.data));
+            let scan = HashTable::recover(&*sim, ROOT, &path()).unwrap();
+            assert_eq!(scan.len(), 7, "two copies count as one key");
+            let a = Arc::new(Allocator::rebuild(&*sim, CHUNK, DATA_START, path(), &scan.reachable).unwrap());
+            let t2 = HashTable::open(sim, a, ROOT, path(), scan);
+            assert_eq!(t2.get(&keys[0]), Some(b"new".to_vec()));
+            assert_eq!(contents(&t2).get(&keys[0]), Some(&b"new".to_vec()));
+            // Deleting it clears both copies, the older first.
+            assert!(t2.delete(&keys[0]));
+            assert_eq!(t2.get(&keys[0]), None);
+        }
+    }
+    assert!(both > 0, "no image caught the update between its two stores");
+}

@@ -14,24 +14,8 @@ use nvstore_asym::transport::{share, SharedBackend};
 use nvstore_asym::wire::Status;
 use nvstore_asym::{Error, Fault, FaultyTransport, Layout, LocalTransport, Mode, Remote, RemoteOptions, Transport};
 
-const MODES: [Mode; 4] = [Mode::Naive, Mode::R, Mode::Rc, Mode::Rcb];
-
-fn backend() -> SharedBackend {
-    share(Backend::create(SimSpace::new(8 << 20), Layout::default_for(8 << 20)).unwrap())
-}
-
-fn opts(mode: Mode, batch: usize) -> RemoteOptions {
-    RemoteOptions {
-        mode,
-        batch,
-        flush_after: Duration::from_secs(3600),
-        ..RemoteOptions::default()
-    }
-}
-
-fn val(i: u64) -> Vec<u8> {
-    (0..64).map(|j| (i as u8).wrapping_add(j)).collect()
-}
+mod common;
+use common::{backend, opts, val, MODES};
 
 #[test]
 fn queue_and_stack_agree_with_a_model_in_every_mode_and_survive_reopen() {

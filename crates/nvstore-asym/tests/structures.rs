@@ -3,36 +3,16 @@
 //! and exactly-once re-execution after a writer dies.
 
 use std::collections::{BTreeMap, HashMap};
-use std::time::Duration;
 
 use rand::{Rng, SeedableRng};
 
-use nvstore::pmem::SimSpace;
-use nvstore_asym::backend::Backend;
 use nvstore_asym::structures::hash::bucket_of;
 use nvstore_asym::structures::skiplist::height_of;
 use nvstore_asym::structures::{recover, HashTable, SkipList};
-use nvstore_asym::transport::{share, SharedBackend};
-use nvstore_asym::{Fault, FaultyTransport, Layout, LocalTransport, Mode, Remote, RemoteOptions};
+use nvstore_asym::{Fault, FaultyTransport, LocalTransport, Mode, Remote};
 
-const MODES: [Mode; 4] = [Mode::Naive, Mode::R, Mode::Rc, Mode::Rcb];
-
-fn backend() -> SharedBackend {
-    share(Backend::create(SimSpace::new(8 << 20), Layout::default_for(8 << 20)).unwrap())
-}
-
-fn opts(mode: Mode, batch: usize) -> RemoteOptions {
-    RemoteOptions {
-        mode,
-        batch,
-        flush_after: Duration::from_secs(3600),
-        ..RemoteOptions::default()
-    }
-}
-
-fn val(i: u64) -> Vec<u8> {
-    (0..64).map(|j| (i as u8).wrapping_add(j)).collect()
-}
+mod common;
+use common::{backend, opts, val, MODES};
 
 /// The two structures behind one interface, for shared tests.
 trait Kv {

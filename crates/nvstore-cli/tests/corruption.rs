@@ -218,6 +218,9 @@ fn damaged_pools_never_crash_a_command() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(1);
+    // Which pools to damage: `NVSTORE_CORRUPT_KINDS=nv,isle,txn` (all by default).
+    let kinds = std::env::var("NVSTORE_CORRUPT_KINDS").unwrap_or_else(|_| "nv,isle,txn".into());
+    let kinds: Vec<&str> = kinds.split(',').map(str::trim).collect();
     let base = tmpdir();
     let mut images = Vec::new();
     for (name, leaf, txn) in [
@@ -225,6 +228,9 @@ fn damaged_pools_never_crash_a_command() {
         ("isle", LeafKind::Isle, false),
         ("txn", LeafKind::Nv, true),
     ] {
+        if !kinds.contains(&name) {
+            continue;
+        }
         let (clean, crashed) = populate(base.path(), name, leaf, txn, 3000);
         images.push((format!("{name} (clean)"), clean));
         images.push((format!("{name} (crashed)"), crashed));

@@ -368,7 +368,7 @@ fn element<S: Space>(s: &S, words: &[u64; 4], pool: u64) -> std::result::Result<
     }
     if meta.needs_blob() {
         let b = words[1];
-        validate::blob_ok(s, b, meta, pool)?;
+        crate::format::element::validate_blob(s, b, meta, pool)?;
         let (kl, vl) = blob::lens(s.read_u64(b));
         if meta.key_inline.is_none() {
             key = vec![0; kl as usize];

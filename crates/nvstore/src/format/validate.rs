@@ -8,9 +8,10 @@
 //! and inside its own structures. A failed check names the pool offset of
 //! the damaged leaf, element or blob.
 
+use crate::format::element::validate_blob;
+use crate::format::header;
 use crate::format::leaf_isle::{self as il, Kind};
 use crate::format::leaf_nv::{self as nv, Layout, Meta};
-use crate::format::{blob, header};
 use crate::pmem::{Space, LINE};
 
 /// What is damaged and where: `off` is the pool offset of the leaf, the
@@ -52,31 +53,13 @@ fn next_ok(off: u64, next: u64, data_start: u64, pool: u64) -> Checked {
     Ok(())
 }
 
-/// A blob reference of an element with metadata `meta`: inside the pool,
-/// aligned, lengths matching the element and the bytes inside the pool.
-pub fn blob_ok<S: Space>(s: &S, b: u64, meta: Meta, pool: u64) -> std::result::Result<(), String> {
-    if b == 0 || !b.is_multiple_of(LINE) || b > pool.saturating_sub(blob::DATA_OFF) {
-        return Err(format!("invalid blob reference {b}"));
-    }
-    let (kl, vl) = blob::lens(s.read_u64(b));
-    let want_k = meta.key_inline.is_none();
-    let want_v = meta.value_inline.is_none();
-    if want_k != (kl > 8) || (!want_k && kl != 0) || want_v != (vl > 8) || (!want_v && vl != 0) {
-        return Err(format!("blob {b} lengths ({kl}, {vl}) do not match the element"));
-    }
-    if b + blob::DATA_OFF + kl + vl > pool {
-        return Err(format!("blob {b} overruns the pool"));
-    }
-    Ok(())
-}
-
 /// One element's words (as a full nv element): metadata a writer produces
 /// and, where the element has one, a sound blob.
 pub fn element_ok<S: Space>(s: &S, at: u64, words: &[u64; 4], pool: u64) -> Checked<Meta> {
     let meta = Meta::decode(words[3])
         .ok_or_else(|| Damage::at(at, format!("element {at} has invalid metadata {:#x}", words[3])))?;
     if meta.needs_blob() {
-        blob_ok(s, words[1], meta, pool).map_err(|w| Damage::at(words[1], format!("element {at}: {w}")))?;
+        validate_blob(s, words[1], meta, pool).map_err(|w| Damage::at(words[1], format!("element {at}: {w}")))?;
     } else if words[1] != 0 {
         return Err(Damage::at(
             at,
@@ -161,6 +144,7 @@ pub fn isle_leaf<S: Space>(s: &S, off: u64, data_start: u64) -> Checked<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::format::blob;
     use crate::pmem::SimSpace;
 
     const DATA: u64 = 4096;

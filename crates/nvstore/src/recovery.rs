@@ -10,9 +10,11 @@
 //!   reachability. NV leaves need no repair, with one exception: a
 //!   multi-leaf transaction cut short by the crash left elements flagged TXN,
 //!   newer than the header's commit record, at the end of some leaves;
-//!   recovery lowers those leaves' counts below them (flushed and fenced
-//!   before the pool is used, so no later commit record can make them count).
-//!   Lowering a count again is harmless, so recovery stays idempotent: a
+//!   recovery lowers those leaves' counts below them, or in a sealed leaf
+//!   spoils the first one's check bits (flushed and fenced before the pool is used,
+//!   so no later commit record can make them count). A sealed leaf's count
+//!   word is left alone: its valid elements decide until a clean shutdown.
+//!   Lowering a count or zeroing again is harmless, so recovery stays idempotent: a
 //!   crash during it is just another crash.
 
 use std::collections::BTreeSet;
@@ -189,7 +191,6 @@ fn rebuild_from_leaves<S: Space, L: LeafFormat>(
     }
     // Undo the transaction the crash cut short, durably, before anything
     // else can commit.
-    // A sealed nv leaf's count word takes its recovered end too.
     if s.writable() {
         let mut undone = false;
         for l in &leaves {
@@ -376,7 +377,7 @@ pub fn save_clean<S: Space, L: LeafFormat>(tree: &Tree<S, L>) -> Result<()> {
             }
         }
     }
-    // Appends store a sealed leaf's count without flushing it.
+    // Appends do not store a sealed leaf's count: its DRAM count is persisted here.
     for e in &entries {
         L::settle(s, &e.leaf);
     }

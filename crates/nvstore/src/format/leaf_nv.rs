@@ -21,12 +21,12 @@
 //!   meta words (a blob lives below 2^40 on a 64-byte boundary: see
 //!   [`seal`]) hash its words, its slot index, the leaf's offset and
 //!   `stamp`, and the stored blob and meta words of the element before it
-//!   (a chain). An insert writes the element, stores count+1 (not
-//!   flushed), flushes the element's line and fences once: one barrier.
+//!   (a chain). An insert writes the element, flushes its line and
+//!   fences once: one barrier; it does not store `count`.
 //!   Update appends NEGATIVE + new in one group: every element of a group
 //!   but the last carries CONT, so a torn group never validates as a
-//!   whole. `count` is the DRAM-speed view and what a clean shutdown
-//!   persists; after a crash, recovery takes the longest prefix of valid
+//!   whole. `count` is written when the leaf is built and at clean
+//!   shutdown (from the DRAM count); after a crash, recovery takes the longest prefix of valid
 //!   groups instead ([`valid_end`]): appends are sequential under the leaf
 //!   lock and each is fenced before the next starts, so the valid ones form
 //!   a prefix. A torn element fails its check; a stale one of a reused
@@ -283,11 +283,21 @@ pub fn sealed_ok(stored: [u64; 4], at: &SealAt) -> bool {
     seal(stored, stored[3] & CONT != 0, at) == stored
 }
 
+/// A meta word that makes the element stored at `at` fail its check for
+/// certain: its own meta word with every meta check bit inverted. Storing
+/// it is one failure-atomic 8-byte store (recovery's undo of a transaction:
+/// a crash leaves the element either valid or invalid, never torn), and
+/// storing it again changes nothing (the check bits are computed from the
+/// other bits, which stay). The elements chained after it change their
+/// chain input, so they fail their checks too.
+pub fn spoiled_meta(stored: [u64; 4], at: &SealAt) -> u64 {
+    seal(stored, stored[3] & CONT != 0, at)[3] ^ META_CHECK
+}
+
 /// A sealed leaf's end after a crash: the longest prefix of complete,
 /// valid append groups among its full elements, from `compact` up to its
-/// capacity. Its persistent count plays no part (the count is stored but
-/// not flushed by an append, so it may be behind, or ahead of an append
-/// whose element never reached the media).
+/// capacity. Its count word plays no part (written when the leaf is built
+/// and at clean shutdown only, so after a crash it is behind the appends).
 pub fn valid_end<S: Space>(s: &S, layout: &Layout, stamp: u64, capacity: u64) -> u64 {
     let mut end = layout.compact;
     let mut i = end;
@@ -400,6 +410,47 @@ impl Meta {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_spoiled_meta_word_fails_the_check_and_spoils_the_chain() {
+        let meta = Meta {
+            negative: false,
+            key_inline: Some(8),
+            value_inline: Some(8),
+            txn: true,
+            version: 5,
+        }
+        .encode();
+        let words = [key_word(b"abcdefgh"), 0, 42, meta];
+        for cont in [false, true] {
+            let at = SealAt {
+                leaf: 4096,
+                stamp: 0x1234_5678,
+                slot: 3,
+                chain: [0, 7],
+            };
+            let good = seal(words, cont, &at);
+            assert!(sealed_ok(good, &at));
+            let bad = spoiled_meta(good, &at);
+            let spoiled = [good[0], good[1], good[2], bad];
+            assert!(!sealed_ok(spoiled, &at));
+            assert_eq!(spoiled_meta(spoiled, &at), bad, "spoiling twice stores the same word");
+            assert_eq!(unseal(spoiled), unseal(good), "only check bits change");
+            // The next element was sealed with the good words as its chain.
+            let next_at = SealAt {
+                slot: 4,
+                chain: [good[1], good[3]],
+                ..at
+            };
+            let next = seal([key_word(b"abcdefgi"), 0, 43, meta], false, &next_at);
+            assert!(sealed_ok(next, &next_at));
+            let after_spoil = SealAt {
+                chain: [spoiled[1], spoiled[3]],
+                ..next_at
+            };
+            assert!(!sealed_ok(next, &after_spoil));
+        }
+    }
 
     #[test]
     fn meta_round_trip() {

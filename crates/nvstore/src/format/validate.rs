@@ -99,8 +99,7 @@ pub fn nv_leaf<S: Space>(s: &S, off: u64, data_start: u64) -> Checked<(u64, u64)
     }
     next_ok(off, s.read_u64(off + nv::NEXT_OFF), data_start, pool)?;
     // A sealed leaf ends where its valid elements end: after a crash its
-    // count word may be behind (appends do not flush it) or ahead (an
-    // append cut short), and a read-only open cannot store the recovered one.
+    // count word is behind (appends do not store it).
     let stamp = s.read_u64(off + nv::STAMP_OFF);
     let count = if stamp == 0 {
         count

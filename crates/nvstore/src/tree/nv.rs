@@ -205,7 +205,6 @@ impl LeafFormat for Nv {
                 buf[o..o + 8].copy_from_slice(&word.to_le_bytes());
             }
         }
-        let count = n + elems.len() as u64;
         if stamp != 0 {
             // A sealed element publishes itself after a crash, so the new
             // blob it names must be durable before it can reach the media
@@ -214,10 +213,12 @@ impl LeafFormat for Nv {
                 s.fence(points::BLOB_FENCE);
             }
             s.write(at, buf);
-            // Sealed leaf: one barrier. The count is stored for DRAM-speed
-            // readers of the leaf header and for a clean shutdown to
-            // persist; after a crash the elements' checks decide.
-            s.store(leaf + nv::COUNT_OFF, count);
+            // Sealed leaf: one barrier, and no store to the count word. The
+            // count lives in DRAM (the caller's `durable`) until a clean
+            // shutdown persists it ([`LeafFormat::settle`]); after a crash
+            // the elements' checks decide. (A count stored here but left
+            // unflushed would keep one line per touched leaf dirty until
+            // shutdown: cache traffic for nothing.)
             s.flush(at, len as u64, points::NV_ELEMENT_FLUSH);
             s.fence(points::NV_ELEMENT_FENCE);
             return;
@@ -228,7 +229,7 @@ impl LeafFormat for Nv {
         s.fence(points::NV_ELEMENT_FENCE);
         s.publish(
             leaf + nv::COUNT_OFF,
-            count,
+            n + elems.len() as u64,
             points::NV_COUNT_FLUSH,
             points::NV_COUNT_FENCE,
         );
@@ -419,7 +420,7 @@ impl LeafFormat for Nv {
             ));
         }
         // A sealed leaf ends where its valid elements end; its count word
-        // may be behind (not flushed) or ahead (an append cut by the crash).
+        // is behind (appends do not store it).
         let stamp = s.read_u64(off + nv::STAMP_OFF);
         let count = if stamp == 0 {
             count
@@ -469,28 +470,37 @@ impl LeafFormat for Nv {
     fn recovered<S: Space>(s: &S, off: u64, count: u64, undo: bool) -> bool {
         let stamp = s.read_u64(off + nv::STAMP_OFF);
         if undo && stamp != 0 {
-            // The first element cut is zeroed: the later ones are chained
-            // to it, so none of them validates again, whatever commit
-            // record comes later (and a later append there breaks the
-            // chain anyway, with a newer version).
-            let at = Layout::read(s, off).elem(count);
-            s.zero(at, nv::ELEM_SIZE);
-            s.flush(at, nv::ELEM_SIZE, points::TXN_UNDO_FLUSH);
+            // The first element cut fails its check from now on (one
+            // 8-byte store: its meta word with the check bits inverted):
+            // the later ones are chained to it, so none of them validates
+            // again, whatever commit record comes later (and a later append
+            // there breaks the chain anyway, with a newer version).
+            let layout = Layout::read(s, off);
+            let stored = layout.stored(s, count);
+            let at = SealAt {
+                leaf: off,
+                stamp,
+                slot: count,
+                chain: layout.chain(s, count),
+            };
+            let meta = layout.elem(count) + nv::E_META;
+            s.store(meta, nv::spoiled_meta(stored, &at));
+            s.flush(meta, 8, points::TXN_UNDO_FLUSH);
         }
-        if Self::count(s, off) != count {
+        // An unsealed leaf's count decides: lowered durably. A sealed
+        // leaf's count word is left as it is: its count lives in DRAM until
+        // a clean shutdown persists it.
+        if stamp == 0 && Self::count(s, off) != count {
             s.store(off + nv::COUNT_OFF, count);
-            // An unsealed leaf's count decides: lowered durably. A sealed
-            // leaf's count is only the DRAM-speed view until a clean
-            // shutdown persists it.
-            if undo {
-                s.flush(off + nv::COUNT_OFF, 8, points::TXN_UNDO_FLUSH);
-            }
+            s.flush(off + nv::COUNT_OFF, 8, points::TXN_UNDO_FLUSH);
         }
         undo
     }
 
     fn settle<S: Space>(s: &S, leaf: &LeafRef) {
-        if s.read_u64(leaf.off + nv::STAMP_OFF) != 0 {
+        let n = leaf.durable.load(Ordering::Acquire);
+        if s.read_u64(leaf.off + nv::STAMP_OFF) != 0 && Self::count(s, leaf.off) != n {
+            s.store(leaf.off + nv::COUNT_OFF, n);
             s.flush(leaf.off + nv::COUNT_OFF, 8, points::SHUTDOWN_COUNTS_FLUSH);
         }
     }
@@ -528,30 +538,32 @@ impl LeafFormat for Nv {
         let n = leaf.durable.load(Ordering::Acquire);
         // A read-only open cannot undo an uncommitted transaction's
         // elements; it only stops reading before them.
+        let uncommitted = |from: u64, to: u64| {
+            !s.writable()
+                && (from..to).all(|i| {
+                    let m = Meta::decode(layout.words(s, i)[3]);
+                    m.is_some_and(|m| m.txn && m.version > ctx.committed)
+                })
+        };
         let sealed = s.read_u64(off + nv::STAMP_OFF) != 0;
-        // A read-only open after a crash cannot store a sealed leaf's
-        // recovered count either.
-        let undone = !s.writable()
-            && (sealed
-                || n < persistent
-                    && (n..persistent).all(|i| {
-                        let m = Meta::decode(layout.words(s, i)[3]);
-                        m.is_some_and(|m| m.txn && m.version > ctx.committed)
-                    }));
-        if n != persistent && !undone {
+        if sealed {
+            // The count word of a sealed leaf is written when the leaf is
+            // built and at clean shutdown only; its valid elements decide.
+            let end = nv::valid_end(s, &layout, s.read_u64(off + nv::STAMP_OFF), Self::capacity(leaf.size));
+            if end < n {
+                a.problems
+                    .push(format!("leaf {off}: element {end} of {n} fails its check"));
+            } else if end > n && !uncommitted(n, end) {
+                a.problems
+                    .push(format!("leaf {off}: {end} valid elements but a durable count of {n}"));
+            }
+        } else if n != persistent && !(n < persistent && uncommitted(n, persistent)) {
             a.problems.push(format!(
                 "leaf {off}: durable count {n} differs from persistent count {persistent}"
             ));
         }
         let mut newest: HashMap<Vec<u8>, bool> = HashMap::new();
         let mut versions: HashMap<Vec<u8>, u64> = HashMap::new();
-        if sealed {
-            let end = nv::valid_end(s, &layout, s.read_u64(off + nv::STAMP_OFF), Self::capacity(leaf.size));
-            if end < n {
-                a.problems
-                    .push(format!("leaf {off}: element {end} of {n} fails its check"));
-            }
-        }
         for i in 0..if sealed { n } else { n.min(persistent) } {
             let words = layout.words(s, i);
             if Meta::decode(words[3]).is_none() {

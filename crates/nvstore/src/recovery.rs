@@ -10,9 +10,11 @@
 //!   reachability. NV leaves need no repair, with one exception: a
 //!   multi-leaf transaction cut short by the crash left elements flagged TXN,
 //!   newer than the header's commit record, at the end of some leaves;
-//!   recovery lowers those leaves' counts below them (flushed and fenced
-//!   before the pool is used, so no later commit record can make them count).
-//!   Lowering a count again is harmless, so recovery stays idempotent: a
+//!   recovery lowers those leaves' counts below them, or in a sealed leaf
+//!   spoils the first one's check bits (flushed and fenced before the pool is used,
+//!   so no later commit record can make them count). A sealed leaf's count
+//!   word is left alone: its valid elements decide until a clean shutdown.
+//!   Lowering a count or zeroing again is harmless, so recovery stays idempotent: a
 //!   crash during it is just another crash.
 
 use std::collections::BTreeSet;
@@ -189,12 +191,14 @@ fn rebuild_from_leaves<S: Space, L: LeafFormat>(
     }
     // Undo the transaction the crash cut short, durably, before anything
     // else can commit.
-    let undo: Vec<&LeafScan> = leaves.iter().filter(|l| l.undo).collect();
-    if !undo.is_empty() && s.writable() {
-        for l in &undo {
-            L::lower_count(s, l.off, l.count);
+    if s.writable() {
+        let mut undone = false;
+        for l in &leaves {
+            undone |= L::recovered(s, l.off, l.count, l.undo);
         }
-        s.fence(points::TXN_UNDO_FENCE);
+        if undone {
+            s.fence(points::TXN_UNDO_FENCE);
+        }
     }
     let last_ts = leaves.iter().map(|l| l.max_version).max().unwrap_or(0).max(committed);
     let mut reachable: BTreeSet<u64> = BTreeSet::new();
@@ -372,6 +376,10 @@ pub fn save_clean<S: Space, L: LeafFormat>(tree: &Tree<S, L>) -> Result<()> {
                 saved::put_bytes(&mut head, &[]);
             }
         }
+    }
+    // Appends do not store a sealed leaf's count: its DRAM count is persisted here.
+    for e in &entries {
+        L::settle(s, &e.leaf);
     }
     let mut room = (head.len() + tree.alloc.save().len() + saved::BODY_W) * 2 + 1024;
     loop {

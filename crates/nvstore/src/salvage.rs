@@ -267,6 +267,12 @@ fn read_nv<S: Space>(
         // Read the full elements where a prefix-less leaf keeps them.
         layout.compact = 0;
     }
+    // A sealed leaf's count word is written when the leaf is built and at
+    // clean shutdown only: after a crash its valid elements go further.
+    let stamp = s.load(off + nv::STAMP_OFF);
+    if stamp != 0 {
+        count = count.max(nv::valid_end(s, &layout, stamp, cap));
+    }
     for i in 0..count {
         let words = layout.words(s, i);
         let at = if i < layout.compact { off } else { layout.elem(i) };

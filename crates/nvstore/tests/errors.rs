@@ -316,21 +316,24 @@ fn check_reports_corruption() {
         assert_ne!(head, 0, "no leaf with a full element");
     }
     let meta = head + nvstore::format::leaf_nv::full_start(word(&b, head + 24)) as usize + 24;
+    let kept = b[meta + 7];
     b[meta + 7] = 0x7f; // invalid length nibbles
     std::fs::write(&p, &b).unwrap();
-    // Clean pool: instant open succeeds, check finds the damage.
+    // Clean pool: instant open succeeds, check finds the damage: in a sealed
+    // leaf the element fails its check bits, in an unsealed one its
+    // metadata is invalid.
     let db = Db::open(&p, ro()).unwrap();
     let r = db.check();
     assert!(!r.ok);
     assert!(
-        r.problems.iter().any(|x| x.contains("invalid metadata")),
+        (r.problems.iter()).any(|x| x.contains("invalid metadata") || x.contains("fails its check")),
         "{:?}",
         r.problems
     );
     drop(db);
     // A damaged leaf count beyond capacity, in a cleanly closed pool.
     let mut b = std::fs::read(&p).unwrap();
-    b[meta + 7] = 0x00;
+    b[meta + 7] = kept;
     b[head..head + 8].copy_from_slice(&10_000u64.to_le_bytes());
     std::fs::write(&p, &b).unwrap();
     // Instant recovery validates the leaves it saved, falls back to a

@@ -309,7 +309,12 @@ pub fn points_for(leaf: LeafKind) -> Vec<&'static str> {
         .filter(|p| !p.starts_with("hash."))
         .filter(|p| match leaf {
             LeafKind::Nv => !p.starts_with("isle."),
-            LeafKind::Isle => !(p.starts_with("nv.element.") || p.starts_with("nv.count.") || p.starts_with("txn.")),
+            LeafKind::Isle => {
+                !(p.starts_with("nv.element.")
+                    || p.starts_with("shutdown.counts.")
+                    || p.starts_with("txn.")
+                    || *p == "blob.fence")
+            }
         })
         .collect()
 }

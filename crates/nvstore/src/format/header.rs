@@ -35,8 +35,14 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"NVSTPOOL");
 /// (written before those) are a subset this build reads unchanged; a
 /// writable open upgrades their header to 2 first (see [`Header::upgrade`]),
 /// so a build that only knows version 1 refuses them from then on instead
-/// of misreading elements it has no notion of.
-pub const VERSION: u32 = 2;
+/// of misreading elements it has no notion of. Version 3 marks pools that
+/// may hold sealed nv leaves (self-validating elements whose count is not
+/// flushed by appends: `format/leaf_nv.rs`); a version-2 build would trust
+/// those counts and reject their check bits, so the same upgrade raises a
+/// version 1 or 2 pool to 3 before this build appends to it. Its unsealed
+/// leaves keep the count protocol until a split, replace or merge rewrites
+/// them sealed.
+pub const VERSION: u32 = 3;
 /// The oldest format this build opens.
 pub const OLDEST_READABLE: u32 = 1;
 

@@ -2,21 +2,42 @@
 //!
 //! ```text
 //! line 0: { u64 count | u64 next | u64 size | u64 compact | u64 compact_version
-//!         | u64 reserved[3] }
+//!         | u64 stamp | u64 reserved[2] }
 //! then:   compact[compact], 16 bytes each: { u64 key_word | u64 value_word }
 //! then, from the next 32-byte boundary:
 //!         element[..], 32 bytes each:
 //!         { u64 key_word | u64 blob | u64 value_word | u64 meta }
-//! meta:   bit 63 NEGATIVE | bits 56..59 key_len (0..8, or 15 = in blob)
-//!         | bits 52..55 value_len (0..8, or 15 = in blob) | bit 48 TXN
-//!         | bits 0..47 version (commit timestamp; 0 in pools written before MVCC)
+//! meta:   bit 63 NEGATIVE | bit 62 CONT | bits 60..61 check
+//!         | bits 56..59 key_len (0..8, or 15 = in blob)
+//!         | bits 52..55 value_len (0..8, or 15 = in blob) | bits 49..51 check
+//!         | bit 48 TXN | bits 0..47 version (commit timestamp; 0 in pools
+//!         written before MVCC)
+//! blob:   bits 40..63 check | bits 6..39 blob offset / 64 | bits 0..5 check
 //! ```
 //!
-//! - Elements are unsorted and append-only. `count` publishes them: an
-//!   element at index >= count does not exist. Insert writes the element,
-//!   flushes and fences it, then stores count+1, flushes and fences (2 line
-//!   flushes per insert, as the paper). Update appends NEGATIVE + new and
-//!   publishes both with one count store.
+//! - Elements are unsorted and append-only. In a *sealed* leaf (`stamp`
+//!   != 0: every leaf written by a format-3 build) each full element is
+//!   self-validating: 35 check bits spread over spare bits of its blob and
+//!   meta words (a blob lives below 2^40 on a 64-byte boundary: see
+//!   [`seal`]) hash its words, its slot index, the leaf's offset and
+//!   `stamp`, and the stored blob and meta words of the element before it
+//!   (a chain). An insert writes the element, flushes its line and
+//!   fences once: one barrier; it does not store `count`.
+//!   Update appends NEGATIVE + new in one group: every element of a group
+//!   but the last carries CONT, so a torn group never validates as a
+//!   whole. `count` is written when the leaf is built and at clean
+//!   shutdown (from the DRAM count); after a crash, recovery takes the longest prefix of valid
+//!   groups instead ([`valid_end`]): appends are sequential under the leaf
+//!   lock and each is fenced before the next starts, so the valid ones form
+//!   a prefix. A torn element fails its check; a stale one of a reused
+//!   chunk has another stamp or offset; a stale one of this leaf past the
+//!   end (a group cut by a crash, a transaction undone) is chained to an
+//!   element that a later append overwrote with a newer version, or to
+//!   the one recovery zeroed (undo), so it never validates again.
+//! - An unsealed leaf (`stamp` 0: written by a format-2 build) keeps the
+//!   paper's protocol (NV-Tree Alg. 2): write the element, flush, fence,
+//!   then store count+1, flush, fence. Its count alone decides. Split,
+//!   replace and merge rewrite it into sealed leaves.
 //! - `key_word` holds the first min(8, len) key bytes big-endian, zero padded,
 //!   so comparing words orders keys by their first 8 bytes; a longer key
 //!   lives in the blob and the word is its prefix (most mismatches never read
@@ -53,8 +74,9 @@
 //!   counts only once the header's `txn_commit` word is `>= version`. Such a
 //!   transaction holds every leaf it appends to until its commit record is
 //!   durable, so its elements are the last ones of each leaf.
-//! - Recovery rule: every published element was persisted before its count;
-//!   elements past `count` are ignored and overwritten by the next append.
+//! - Recovery rule (unsealed leaves): every published element was persisted
+//!   before its count; elements past `count` are ignored and overwritten by
+//!   the next append. Sealed leaves: see [`valid_end`].
 //!   Trailing TXN elements newer than `txn_commit` belong to a transaction
 //!   that never committed: recovery lowers `count` below them (never below
 //!   `compact`: compact entries are never TXN).
@@ -66,6 +88,9 @@ pub const NEXT_OFF: u64 = 8;
 pub const SIZE_OFF: u64 = 16;
 pub const COMPACT_OFF: u64 = 24;
 pub const COMPACT_VERSION_OFF: u64 = 32;
+/// The leaf's incarnation stamp: nonzero in sealed leaves, fresh each time
+/// a leaf is built (never the word its chunk held before).
+pub const STAMP_OFF: u64 = 40;
 pub const ELEMS_OFF: u64 = LINE;
 pub const ELEM_SIZE: u64 = 32;
 pub const COMPACT_SIZE: u64 = 16;
@@ -84,6 +109,17 @@ pub const LEN_IN_BLOB: u64 = 15;
 const KEY_LEN_SHIFT: u32 = 56;
 const VALUE_LEN_SHIFT: u32 = 52;
 pub const VERSION_MASK: u64 = (1 << 48) - 1;
+/// Sealed leaves: another element of the same append follows this one.
+pub const CONT: u64 = 1 << 62;
+/// Check bits in the meta word (5) and in the blob word (30).
+const META_CHECK: u64 = (0b11 << 60) | (0b111 << 49);
+const BLOB_CHECK: u64 = !((1 << 40) - 1) | 0x3f;
+/// The blob offset bits of the blob word (a pool is at most 1 TiB).
+pub const BLOB_MASK: u64 = !BLOB_CHECK;
+/// The meta word without check bits and CONT: what [`Meta::decode`] reads.
+pub const META_MASK: u64 = !(META_CHECK | CONT);
+/// Bits of check per element.
+pub const CHECK_BITS: u32 = 35;
 
 /// Smallest leaf: a header line and two lines of elements.
 pub const MIN_SIZE: u64 = 3 * LINE;
@@ -165,15 +201,140 @@ impl Layout {
                 compact_meta(self.compact_version),
             ]
         } else {
-            let e = self.elem(i);
-            [
-                s.read_u64(e + E_KEY_WORD),
-                s.read_u64(e + E_BLOB),
-                s.read_u64(e + E_VALUE_WORD),
-                s.read_u64(e + E_META),
-            ]
+            unseal(self.stored(s, i))
         }
     }
+
+    /// Full element `i` as stored (with its check bits).
+    #[inline]
+    pub fn stored<S: Space>(&self, s: &S, i: u64) -> [u64; 4] {
+        let e = self.elem(i);
+        [
+            s.read_u64(e + E_KEY_WORD),
+            s.read_u64(e + E_BLOB),
+            s.read_u64(e + E_VALUE_WORD),
+            s.read_u64(e + E_META),
+        ]
+    }
+
+    /// The chain input of full element `i`: the stored blob and meta words
+    /// of the element before it (zero for the first full element).
+    #[inline]
+    pub fn chain<S: Space>(&self, s: &S, i: u64) -> [u64; 2] {
+        if i <= self.compact {
+            [0, 0]
+        } else {
+            let e = self.elem(i - 1);
+            [s.read_u64(e + E_BLOB), s.read_u64(e + E_META)]
+        }
+    }
+}
+
+/// Where a sealed element's check goes: which leaf, its stamp, its slot
+/// and the chain input ([`Layout::chain`]).
+#[derive(Clone, Copy, Debug)]
+pub struct SealAt {
+    pub leaf: u64,
+    pub stamp: u64,
+    pub slot: u64,
+    pub chain: [u64; 2],
+}
+
+/// The element words without check bits and CONT.
+#[inline]
+pub fn unseal(w: [u64; 4]) -> [u64; 4] {
+    [w[0], w[1] & BLOB_MASK, w[2], w[3] & META_MASK]
+}
+
+#[inline]
+fn mix(h: u64, w: u64) -> u64 {
+    let x = (h ^ w).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    x ^ (x >> 29)
+}
+
+/// The check of clean words `w` (with CONT already in `w[3]` when set) at `at`.
+#[inline]
+fn check(w: &[u64; 4], at: &SealAt) -> u64 {
+    let mut h = mix(at.stamp, at.leaf ^ at.slot.rotate_left(40));
+    for x in [w[0], w[1], w[2], w[3], at.chain[0], at.chain[1]] {
+        h = mix(h, x);
+    }
+    h = h.wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    (h ^ (h >> 31)) & ((1 << CHECK_BITS) - 1)
+}
+
+/// Seals clean element words for slot `at` of a sealed leaf: spreads the
+/// check into the spare bits and sets CONT when `cont`.
+#[inline]
+pub fn seal(w: [u64; 4], cont: bool, at: &SealAt) -> [u64; 4] {
+    let mut w = unseal(w);
+    if cont {
+        w[3] |= CONT;
+    }
+    let c = check(&w, at);
+    let blob_bits = (c & 0x3f) | ((c >> 6) & 0xff_ffff) << 40;
+    let meta_bits = ((c >> 30) & 0b11) << 60 | ((c >> 32) & 0b111) << 49;
+    [w[0], w[1] | blob_bits, w[2], w[3] | meta_bits]
+}
+
+/// Whether stored words are a complete element sealed for `at`.
+#[inline]
+pub fn sealed_ok(stored: [u64; 4], at: &SealAt) -> bool {
+    seal(stored, stored[3] & CONT != 0, at) == stored
+}
+
+/// A meta word that makes the element stored at `at` fail its check for
+/// certain: its own meta word with every meta check bit inverted. Storing
+/// it is one failure-atomic 8-byte store (recovery's undo of a transaction:
+/// a crash leaves the element either valid or invalid, never torn), and
+/// storing it again changes nothing (the check bits are computed from the
+/// other bits, which stay). The elements chained after it change their
+/// chain input, so they fail their checks too.
+pub fn spoiled_meta(stored: [u64; 4], at: &SealAt) -> u64 {
+    seal(stored, stored[3] & CONT != 0, at)[3] ^ META_CHECK
+}
+
+/// A sealed leaf's end after a crash: the longest prefix of complete,
+/// valid append groups among its full elements, from `compact` up to its
+/// capacity. Its count word plays no part (written when the leaf is built
+/// and at clean shutdown only, so after a crash it is behind the appends).
+pub fn valid_end<S: Space>(s: &S, layout: &Layout, stamp: u64, capacity: u64) -> u64 {
+    let mut end = layout.compact;
+    let mut i = end;
+    while i < capacity {
+        let stored = layout.stored(s, i);
+        let at = SealAt {
+            leaf: layout.leaf,
+            stamp,
+            slot: i,
+            chain: layout.chain(s, i),
+        };
+        if !sealed_ok(stored, &at) {
+            break;
+        }
+        i += 1;
+        if stored[3] & CONT == 0 {
+            end = i;
+        }
+    }
+    end
+}
+
+/// A fresh stamp for a leaf built where `old` was the stamp word: nonzero
+/// and different from `old`, so no stale element of the chunk's earlier
+/// life validates (its checks used another stamp, or another offset).
+pub fn fresh_stamp(leaf: u64, old: u64) -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0x243F_6A88_85A3_08D3);
+    let n = NEXT.fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed);
+    let mut z = n ^ old.rotate_left(17) ^ leaf;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^= z >> 31;
+    if z == 0 || z == old {
+        z = old.wrapping_add(1).max(1);
+    }
+    z
 }
 
 /// Whether an element with these words may be stored compact (the version
@@ -251,6 +412,47 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_spoiled_meta_word_fails_the_check_and_spoils_the_chain() {
+        let meta = Meta {
+            negative: false,
+            key_inline: Some(8),
+            value_inline: Some(8),
+            txn: true,
+            version: 5,
+        }
+        .encode();
+        let words = [key_word(b"abcdefgh"), 0, 42, meta];
+        for cont in [false, true] {
+            let at = SealAt {
+                leaf: 4096,
+                stamp: 0x1234_5678,
+                slot: 3,
+                chain: [0, 7],
+            };
+            let good = seal(words, cont, &at);
+            assert!(sealed_ok(good, &at));
+            let bad = spoiled_meta(good, &at);
+            let spoiled = [good[0], good[1], good[2], bad];
+            assert!(!sealed_ok(spoiled, &at));
+            assert_eq!(spoiled_meta(spoiled, &at), bad, "spoiling twice stores the same word");
+            assert_eq!(unseal(spoiled), unseal(good), "only check bits change");
+            // The next element was sealed with the good words as its chain.
+            let next_at = SealAt {
+                slot: 4,
+                chain: [good[1], good[3]],
+                ..at
+            };
+            let next = seal([key_word(b"abcdefgi"), 0, 43, meta], false, &next_at);
+            assert!(sealed_ok(next, &next_at));
+            let after_spoil = SealAt {
+                chain: [spoiled[1], spoiled[3]],
+                ..next_at
+            };
+            assert!(!sealed_ok(next, &after_spoil));
+        }
+    }
+
+    #[test]
     fn meta_round_trip() {
         for m in [
             Meta {
@@ -279,6 +481,55 @@ mod tests {
         }
         assert_eq!(Meta::decode(9 << KEY_LEN_SHIFT), None);
         assert_eq!(Meta::decode(1 << 49), None);
+    }
+
+    #[test]
+    fn a_sealed_element_validates_only_where_it_was_sealed() {
+        let meta = Meta {
+            negative: false,
+            key_inline: Some(8),
+            value_inline: None,
+            txn: true,
+            version: VERSION_MASK,
+        }
+        .encode();
+        let w = [0x0123_4567_89ab_cdef, (1 << 40) - 64, u64::MAX, meta];
+        let at = SealAt {
+            leaf: 4096,
+            stamp: 77,
+            slot: 5,
+            chain: [3, 4],
+        };
+        for cont in [false, true] {
+            let sealed = seal(w, cont, &at);
+            assert!(sealed_ok(sealed, &at));
+            assert_eq!(sealed[3] & CONT != 0, cont);
+            // The clean words come back, and decode.
+            let clean = unseal(sealed);
+            assert_eq!(clean, w);
+            assert!(Meta::decode(clean[3]).is_some());
+            // Anywhere else, or any word torn, it fails its check.
+            for other in [
+                SealAt { leaf: 8192, ..at },
+                SealAt { stamp: 78, ..at },
+                SealAt { slot: 6, ..at },
+                SealAt { chain: [3, 5], ..at },
+            ] {
+                assert!(!sealed_ok(sealed, &other), "{other:?}");
+            }
+            for k in 0..4 {
+                let mut torn = sealed;
+                torn[k] ^= 1 << 20;
+                assert!(!sealed_ok(torn, &at), "word {k}");
+                torn[k] = 0;
+                assert!(!sealed_ok(torn, &at) || sealed[k] == 0, "word {k} zero");
+            }
+        }
+        assert!(!sealed_ok([0; 4], &at));
+        // Check bits: as many as promised, in bits no writer uses.
+        assert_eq!(BLOB_MASK.count_zeros() + (META_MASK | CONT).count_zeros(), CHECK_BITS);
+        assert_ne!(fresh_stamp(4096, 5), 5);
+        assert_ne!(fresh_stamp(4096, 0), 0);
     }
 
     #[test]

@@ -69,10 +69,10 @@ pub fn element_ok<S: Space>(s: &S, at: u64, words: &[u64; 4], pool: u64) -> Chec
     Ok(meta)
 }
 
-/// Checks the nv leaf at `off` up to `count` published elements (the
-/// persistent count when `None`): size, count against capacity, the
+/// Checks the nv leaf at `off`: size, count against capacity, the
 /// compact prefix, the chain link and every element with its blob.
-/// Returns the leaf's size and persistent count.
+/// Returns the leaf's size and published count: the persistent count of an
+/// unsealed leaf, the end of the valid elements of a sealed one.
 pub fn nv_leaf<S: Space>(s: &S, off: u64, data_start: u64) -> Checked<(u64, u64)> {
     let pool = header::pool_size(s).min(s.size());
     if !leaf_offset_ok(off, data_start, pool) {
@@ -98,6 +98,14 @@ pub fn nv_leaf<S: Space>(s: &S, off: u64, data_start: u64) -> Checked<(u64, u64)
         ));
     }
     next_ok(off, s.read_u64(off + nv::NEXT_OFF), data_start, pool)?;
+    // A sealed leaf ends where its valid elements end: after a crash its
+    // count word is behind (appends do not store it).
+    let stamp = s.read_u64(off + nv::STAMP_OFF);
+    let count = if stamp == 0 {
+        count
+    } else {
+        nv::valid_end(s, &layout, stamp, nv::capacity(size))
+    };
     for i in layout.compact..count {
         let at = layout.elem(i);
         element_ok(s, at, &layout.words(s, i), pool)?;
@@ -235,8 +243,11 @@ mod tests {
         let d = nv_leaf(&s, DATA, DATA).unwrap_err();
         assert_eq!(d.off, 1 << 30);
         assert!(d.what.contains("invalid blob reference"), "{}", d.what);
+        // At the pool's end: no room for the blob's header. (A reference
+        // off a line boundary cannot be stored: the blob word's low six
+        // bits are check bits, masked off on read.)
         let s = space();
-        nv_leaf_with_blob(&s, DATA, DATA + 2048 + 8);
+        nv_leaf_with_blob(&s, DATA, 64 * 1024);
         assert!(nv_leaf(&s, DATA, DATA).unwrap_err().what.contains("invalid blob"));
     }
 

@@ -36,12 +36,13 @@ points! {
     CHUNK_HEADER_FENCE = "chunk.header.fence";
     /// Out-of-line key/value bytes, flushed before the element that refers to them.
     BLOB_FLUSH = "blob.flush";
-    /// NV leaf: the appended element(s), flushed and fenced before the count.
+    /// Sealed nv leaf: an append whose new element refers to a new blob
+    /// fences the blob first (the element alone publishes it after a crash).
+    BLOB_FENCE = "blob.fence";
+    /// NV leaf: the appended element(s), self-validating in a sealed leaf,
+    /// flushed and fenced: an append's one barrier (format/leaf_nv.rs).
     NV_ELEMENT_FLUSH = "nv.element.flush";
     NV_ELEMENT_FENCE = "nv.element.fence";
-    /// NV leaf: the element count that publishes an append.
-    NV_COUNT_FLUSH = "nv.count.flush";
-    NV_COUNT_FENCE = "nv.count.fence";
     /// Isle leaf: a pair written into a free slot, before its line's code names it.
     ISLE_SLOT_FLUSH = "isle.slot.flush";
     ISLE_SLOT_FENCE = "isle.slot.fence";
@@ -85,7 +86,18 @@ points! {
     /// Hash: the root word that swaps a new directory in (creation and every split).
     HASH_ROOT_FLUSH = "hash.root.flush";
     HASH_ROOT_FENCE = "hash.root.fence";
+    /// Clean shutdown: every sealed nv leaf's count (stored but never
+    /// flushed by appends), before the clean flag whose fence orders it, so
+    /// instant recovery can trust the counts.
+    SHUTDOWN_COUNTS_FLUSH = "shutdown.counts.flush";
 }
+
+/// NV leaf of a format-2 pool (unsealed: `stamp` 0): the element count that
+/// publishes an append, after the element's own barrier. New pools never
+/// reach it, so it is not in [`ALL`] (the campaigns create their pools);
+/// `tests/crash.rs` (`unsealed_leaves_keep_the_count_protocol`) covers it.
+pub const NV_COUNT_FLUSH: Point = Point::new("nv.count.flush");
+pub const NV_COUNT_FENCE: Point = Point::new("nv.count.fence");
 
 /// Calibration of the adaptive model (`tree::adaptive::calibrate`): writes
 /// to an unlinked scratch block, timed, not persisted state; so not in

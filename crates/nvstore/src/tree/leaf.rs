@@ -131,9 +131,10 @@ pub trait LeafFormat: Send + Sync + 'static {
     /// The value of element `i`.
     fn value<S: Space>(s: &S, leaf: u64, i: u64) -> Vec<u8>;
 
-    /// Appends `elems` after the first `n` and publishes them with one
-    /// count store: write, flush, fence, store count, flush, fence. The
-    /// caller holds the leaf lock and then raises `leaf.durable`.
+    /// Appends `elems` after the first `n`, durably, and stores the count
+    /// (the format decides how it is persisted: see `format/leaf_nv.rs`).
+    /// The caller holds the leaf lock and then raises `leaf.durable`,
+    /// which is what publishes them to readers.
     fn append<S: Space>(s: &S, leaf: &LeafRef, n: u64, elems: &[[u64; 4]]);
 
     /// Writes a complete new leaf (unlinked, flushed but not fenced: the
@@ -225,6 +226,19 @@ pub trait LeafFormat: Send + Sync + 'static {
     /// Recovery: lowers the leaf's published count to `count` and flushes
     /// it (the caller fences), undoing what [`Scan::undo`] found.
     fn lower_count<S: Space>(s: &S, leaf: u64, count: u64);
+
+    /// Recovery of a writable pool, after every leaf was scanned: makes the
+    /// leaf at `off` agree with its recovered `count`. When `undo` (the scan
+    /// cut an uncommitted transaction's elements) the change must be durable
+    /// before any new commit record: it is flushed here and the caller
+    /// fences once for all leaves. Returns whether it flushed anything.
+    fn recovered<S: Space>(_s: &S, _off: u64, _count: u64, _undo: bool) -> bool {
+        false
+    }
+
+    /// Clean shutdown: persists what the leaf's format keeps in DRAM speed
+    /// only (flushed here; the clean word's fence orders it).
+    fn settle<S: Space>(_s: &S, _leaf: &LeafRef) {}
 
     /// `check`: every invariant of one leaf the format owns.
     fn audit<S: Space>(s: &S, leaf: &LeafRef, ctx: &AuditCtx<'_>) -> Audit;

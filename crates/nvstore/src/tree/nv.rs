@@ -12,7 +12,7 @@ use super::mvcc::Clock;
 use super::LeafRef;
 use crate::format::blob;
 use crate::format::element::{element_key, element_value, encode, leaf_blob_ok, negate, validate_blob};
-use crate::format::leaf_nv::{self as nv, Layout, Meta};
+use crate::format::leaf_nv::{self as nv, Layout, Meta, SealAt};
 use crate::pmem::{points, Space, LINE};
 
 /// The NV-Tree leaf: unsorted, append-only, published by its count.
@@ -26,7 +26,7 @@ fn full_match<S: Space>(s: &S, layout: &Layout, i: u64, key: &[u8], kw: u64, at:
     if s.read_u64(e + nv::E_KEY_WORD) != kw {
         return None;
     }
-    let meta_w = s.read_u64(e + nv::E_META);
+    let meta_w = s.read_u64(e + nv::E_META) & nv::META_MASK;
     if meta_w & nv::VERSION_MASK > at {
         return None;
     }
@@ -35,7 +35,7 @@ fn full_match<S: Space>(s: &S, layout: &Layout, i: u64, key: &[u8], kw: u64, at:
         Some(l) => l as usize == key.len(),
         None => {
             key.len() > 8 && {
-                let b = s.read_u64(e + nv::E_BLOB);
+                let b = s.read_u64(e + nv::E_BLOB) & nv::BLOB_MASK;
                 let (kl, _) = blob::lens(s.read_u64(b));
                 kl as usize == key.len() && blob_key_is(s, b + blob::DATA_OFF, key)
             }
@@ -192,8 +192,11 @@ impl LeafFormat for Nv {
                 None => h.note_unknown(n + j as u64),
             }
         }
-        let at = h.layout(leaf.off).elem(n);
+        let layout = h.layout(leaf.off);
+        let at = layout.elem(n);
         let leaf = leaf.off;
+        let stamp = s.read_u64(leaf + nv::STAMP_OFF);
+        let mut chain = layout.chain(s, n);
         let len = elems.len() * nv::ELEM_SIZE as usize;
         // Plain writes append one or two elements: no heap allocation.
         let mut small = [0u8; 2 * nv::ELEM_SIZE as usize];
@@ -205,11 +208,43 @@ impl LeafFormat for Nv {
             &mut large
         };
         for (j, w) in elems.iter().enumerate() {
+            let w = if stamp == 0 {
+                *w
+            } else {
+                let at = SealAt {
+                    leaf,
+                    stamp,
+                    slot: n + j as u64,
+                    chain,
+                };
+                let sealed = nv::seal(*w, j + 1 < elems.len(), &at);
+                chain = [sealed[1], sealed[3]];
+                sealed
+            };
             for (k, word) in w.iter().enumerate() {
                 let o = j * 32 + k * 8;
                 buf[o..o + 8].copy_from_slice(&word.to_le_bytes());
             }
         }
+        if stamp != 0 {
+            // A sealed element publishes itself after a crash, so the new
+            // blob it names must be durable before it can reach the media
+            // (only writes with a key or value over 8 bytes pay this).
+            if elems.iter().any(|w| w[1] != 0 && w[3] & nv::NEGATIVE == 0) {
+                s.fence(points::BLOB_FENCE);
+            }
+            s.write(at, buf);
+            // Sealed leaf: one barrier, and no store to the count word. The
+            // count lives in DRAM (the caller's `durable`) until a clean
+            // shutdown persists it ([`LeafFormat::settle`]); after a crash
+            // the elements' checks decide. (A count stored here but left
+            // unflushed would keep one line per touched leaf dirty until
+            // shutdown: cache traffic for nothing.)
+            s.flush(at, len as u64, points::NV_ELEMENT_FLUSH);
+            s.fence(points::NV_ELEMENT_FENCE);
+            return;
+        }
+        // Unsealed leaf of a format-2 pool: the paper's two barriers.
         s.write(at, buf);
         s.flush(at, len as u64, points::NV_ELEMENT_FLUSH);
         s.fence(points::NV_ELEMENT_FENCE);
@@ -276,13 +311,24 @@ impl LeafFormat for Nv {
         put(nv::SIZE_OFF, size);
         put(nv::COMPACT_OFF, compact.len() as u64);
         put(nv::COMPACT_VERSION_OFF, version);
+        let stamp = nv::fresh_stamp(leaf, s.read_u64(leaf + nv::STAMP_OFF));
+        put(nv::STAMP_OFF, stamp);
         for (j, e) in compact.iter().enumerate() {
             let o = nv::ELEMS_OFF + j as u64 * nv::COMPACT_SIZE;
             put(o + nv::C_KEY_WORD, e.words[0]);
             put(o + nv::C_VALUE_WORD, e.words[2]);
         }
+        let mut chain = [0, 0];
         for (j, e) in full.iter().enumerate() {
-            for (k, word) in e.words.iter().enumerate() {
+            let at = SealAt {
+                leaf,
+                stamp,
+                slot: compact.len() as u64 + j as u64,
+                chain,
+            };
+            let sealed = nv::seal(e.words, false, &at);
+            chain = [sealed[1], sealed[3]];
+            for (k, word) in sealed.iter().enumerate() {
                 put(start + j as u64 * nv::ELEM_SIZE + k as u64 * 8, *word);
             }
         }
@@ -394,6 +440,14 @@ impl LeafFormat for Nv {
                 layout.compact
             ));
         }
+        // A sealed leaf ends where its valid elements end; its count word
+        // is behind (appends do not store it).
+        let stamp = s.read_u64(off + nv::STAMP_OFF);
+        let count = if stamp == 0 {
+            count
+        } else {
+            nv::valid_end(s, &layout, stamp, Self::capacity(size))
+        };
         let mut blobs = Vec::new();
         // Elements of a transaction without a commit record end the leaf.
         let mut kept = count;
@@ -434,6 +488,44 @@ impl LeafFormat for Nv {
         })
     }
 
+    fn recovered<S: Space>(s: &S, off: u64, count: u64, undo: bool) -> bool {
+        let stamp = s.read_u64(off + nv::STAMP_OFF);
+        if undo && stamp != 0 {
+            // The first element cut fails its check from now on (one
+            // 8-byte store: its meta word with the check bits inverted):
+            // the later ones are chained to it, so none of them validates
+            // again, whatever commit record comes later (and a later append
+            // there breaks the chain anyway, with a newer version).
+            let layout = Layout::read(s, off);
+            let stored = layout.stored(s, count);
+            let at = SealAt {
+                leaf: off,
+                stamp,
+                slot: count,
+                chain: layout.chain(s, count),
+            };
+            let meta = layout.elem(count) + nv::E_META;
+            s.store(meta, nv::spoiled_meta(stored, &at));
+            s.flush(meta, 8, points::TXN_UNDO_FLUSH);
+        }
+        // An unsealed leaf's count decides: lowered durably. A sealed
+        // leaf's count word is left as it is: its count lives in DRAM until
+        // a clean shutdown persists it.
+        if stamp == 0 && Self::count(s, off) != count {
+            s.store(off + nv::COUNT_OFF, count);
+            s.flush(off + nv::COUNT_OFF, 8, points::TXN_UNDO_FLUSH);
+        }
+        undo
+    }
+
+    fn settle<S: Space>(s: &S, leaf: &LeafRef) {
+        let n = leaf.durable.load(Ordering::Acquire);
+        if s.read_u64(leaf.off + nv::STAMP_OFF) != 0 && Self::count(s, leaf.off) != n {
+            s.store(leaf.off + nv::COUNT_OFF, n);
+            s.flush(leaf.off + nv::COUNT_OFF, 8, points::SHUTDOWN_COUNTS_FLUSH);
+        }
+    }
+
     fn validate<S: Space>(
         s: &S,
         off: u64,
@@ -467,20 +559,33 @@ impl LeafFormat for Nv {
         let n = leaf.durable.load(Ordering::Acquire);
         // A read-only open cannot undo an uncommitted transaction's
         // elements; it only stops reading before them.
-        let undone = !s.writable()
-            && n < persistent
-            && (n..persistent).all(|i| {
-                let m = Meta::decode(layout.words(s, i)[3]);
-                m.is_some_and(|m| m.txn && m.version > ctx.committed)
-            });
-        if n != persistent && !undone {
+        let uncommitted = |from: u64, to: u64| {
+            !s.writable()
+                && (from..to).all(|i| {
+                    let m = Meta::decode(layout.words(s, i)[3]);
+                    m.is_some_and(|m| m.txn && m.version > ctx.committed)
+                })
+        };
+        let sealed = s.read_u64(off + nv::STAMP_OFF) != 0;
+        if sealed {
+            // The count word of a sealed leaf is written when the leaf is
+            // built and at clean shutdown only; its valid elements decide.
+            let end = nv::valid_end(s, &layout, s.read_u64(off + nv::STAMP_OFF), Self::capacity(leaf.size));
+            if end < n {
+                a.problems
+                    .push(format!("leaf {off}: element {end} of {n} fails its check"));
+            } else if end > n && !uncommitted(n, end) {
+                a.problems
+                    .push(format!("leaf {off}: {end} valid elements but a durable count of {n}"));
+            }
+        } else if n != persistent && !(n < persistent && uncommitted(n, persistent)) {
             a.problems.push(format!(
                 "leaf {off}: durable count {n} differs from persistent count {persistent}"
             ));
         }
         let mut newest: HashMap<Vec<u8>, bool> = HashMap::new();
         let mut versions: HashMap<Vec<u8>, u64> = HashMap::new();
-        for i in 0..n.min(persistent) {
+        for i in 0..if sealed { n } else { n.min(persistent) } {
             let words = layout.words(s, i);
             if Meta::decode(words[3]).is_none() {
                 a.problems

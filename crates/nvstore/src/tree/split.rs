@@ -73,7 +73,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
             // A damaged sibling is left alone (and reported when reached).
             self.sound(&r.leaf).is_ok()
                 && (c.valid.len() as u64) < min_fill
-                && L::count(&*self.space, r.leaf.off) < L::capacity(r.leaf.size) / 2
+                && r.leaf.durable.load(Ordering::Acquire) < L::capacity(r.leaf.size) / 2
         });
         let Some(rewrite) = plan(goal, &c.valid, min_fill, merge_ok, L::SPLITS_IN_PLACE) else {
             return Ok(false);

@@ -83,11 +83,9 @@ fn base_pool(leaf: LeafKind) -> Vec<u8> {
     bytes
 }
 
-/// Leaf formats of the base pools. Isle pools join once their crash-recovery
-/// scan and instant open validate before they read (README, "Damaged
-/// pools"); the inputs that still crash them are in
-/// `fuzz/regressions/pool-isle-open/`.
-const LEAVES: &[LeafKind] = &[LeafKind::Nv];
+/// Leaf formats of the base pools: the first input byte picks nv (0 clean,
+/// 1 crashed) or isle (2 clean, 3 crashed), modulo 4.
+const LEAVES: &[LeafKind] = &[LeafKind::Nv, LeafKind::Isle];
 
 /// The base pools: clean and crashed, for each of [`LEAVES`].
 fn bases() -> &'static [Vec<u8>] {

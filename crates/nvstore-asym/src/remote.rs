@@ -433,7 +433,10 @@ impl Remote {
     // ------------------------------------------------------------ operations
 
     /// Starts a write operation described by `op_log` (its operation log in rcb mode).
+    /// An operation log is never empty: empty logs mark operations already
+    /// applied (a full ring, [`Remote::commit`]).
     pub fn begin(&mut self, op_log: &[u8]) {
+        debug_assert!(!op_log.is_empty(), "an operation log needs at least its opcode");
         self.op = Some(op_log.to_vec());
     }
 
@@ -560,9 +563,7 @@ impl Remote {
                 let full = self.batch_ops >= self.opts.batch
                     || self.batch_since.is_some_and(|t| t.elapsed() >= self.opts.flush_after)
                     || self.pending_bytes as u64 * 2 > self.hello.data_len.min(4 << 20);
-                let mut verbs = vec![Verb::OpLog {
-                    payload: payload.clone(),
-                }];
+                let mut verbs = vec![Verb::OpLog { payload }];
                 if full {
                     verbs.push(Verb::TxWrite {
                         op_applied: seq,
@@ -573,15 +574,20 @@ impl Remote {
                 match &replies[0] {
                     Reply::Word(s) if *s == seq => {}
                     Reply::Err(Code::LogFull, _) if !full => {
-                        // Ring full: commit the batch, then log again (two round trips).
+                        // Ring full: commit the batch to free the ring (two
+                        // more round trips). The batch already holds this
+                        // operation's writes, so once it is durable the
+                        // operation is applied: what takes its sequence
+                        // number in the log is an empty, already-applied
+                        // marker, never its payload, or a writer that dies
+                        // before the next tx_write would have it
+                        // re-executed on top of its own effects.
                         self.op_covered = seq - 1;
                         self.flush_batch(seq - 1)?;
-                        match self.one(Verb::OpLog { payload }, "op_log")? {
+                        match self.one(Verb::OpLog { payload: Vec::new() }, "op_log")? {
                             Reply::Word(s) if s == seq => {}
                             o => return Err(Error::Protocol(format!("op_log answered {o:?}, expected {seq}"))),
                         }
-                        self.batch_ops = 1;
-                        self.batch_since = Some(Instant::now());
                     }
                     o => return Err(Error::Protocol(format!("op_log answered {o:?}, expected {seq}"))),
                 }
@@ -648,10 +654,12 @@ impl Remote {
 
     /// Operation logs not covered by a replayed transaction: a restarted
     /// writer re-executes them with `begin_replay` (AsymNVM §7, case 2).
+    /// Empty logs are markers of operations already applied (see
+    /// [`Remote::commit`] on a full ring) and are left out.
     pub fn unapplied_ops(&mut self) -> Result<Vec<(u64, Vec<u8>)>> {
         let from = self.hello.op_applied + 1;
         match self.one(Verb::OpLogRead { from, max: u32::MAX }, "op_log_read")? {
-            Reply::OpLogs(v) => Ok(v),
+            Reply::OpLogs(v) => Ok(v.into_iter().filter(|(_, op)| !op.is_empty()).collect()),
             o => Err(Error::Protocol(format!("op_log_read answered {o:?}"))),
         }
     }

@@ -122,6 +122,66 @@ fn a_writer_that_dies_is_recovered_exactly_once() {
     }
 }
 
+/// A writer whose op-log ring fills mid-batch commits the batch (which
+/// already holds the current operation's writes) and logs again. Dying at
+/// any round trip around that must still leave every operation applied
+/// once: the operation that failed at most once, an acknowledged one
+/// exactly once, none twice.
+#[test]
+fn a_writer_that_dies_around_a_full_op_ring_is_recovered_exactly_once() {
+    let layout = Layout {
+        op_ring: 1024,
+        ..Layout::default_for(8 << 20)
+    };
+    let mut ring_full_seen = false;
+    for kill_after in 1..=60u64 {
+        let b = share(Backend::create(SimSpace::new(8 << 20), layout).unwrap());
+        let fault = Fault {
+            kill_after: Some(kill_after),
+            ..Fault::default()
+        };
+        // Batches far larger than the ring: only a full ring commits them.
+        let Ok(mut r) = Remote::open(
+            FaultyTransport::new(LocalTransport::new(b.clone()), fault),
+            opts(Mode::Rcb, 10_000),
+        ) else {
+            continue; // killed before the first operation
+        };
+        let Ok(mut q) = Queue::open(&mut r, "q") else {
+            continue;
+        };
+        let mut model = Vec::new();
+        let mut i = 0u64;
+        let failed = loop {
+            i += 1;
+            let before = r.counters().clone();
+            match q.enqueue(&mut r, i, &val(i)) {
+                Ok(()) => {
+                    let d = r.counters().since(&before);
+                    ring_full_seen |= d.verbs_of("op_log") >= 2;
+                    model.push((i, val(i)));
+                }
+                Err(_) => break (i, val(i)),
+            }
+        };
+        drop(r);
+        let mut r = Remote::open(LocalTransport::new(b), opts(Mode::Rcb, 10_000)).unwrap();
+        let mut q2 = Queue::open(&mut r, "q").unwrap();
+        recover(&mut r, &mut q2).unwrap();
+        let got = q2.items(&mut r).unwrap();
+        let mut with_failed = model.clone();
+        with_failed.push(failed);
+        assert!(
+            got == model || got == with_failed,
+            "kill after {kill_after}: {} items recovered, {} acknowledged",
+            got.len(),
+            model.len()
+        );
+        assert_eq!(recover(&mut r, &mut q2).unwrap(), 0, "kill after {kill_after}");
+    }
+    assert!(ring_full_seen, "no enqueue met a full op-log ring");
+}
+
 /// A transport whose back-end can be replaced, as a restarted back-end
 /// process at the same address.
 #[derive(Clone)]

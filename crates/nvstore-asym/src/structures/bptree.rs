@@ -8,7 +8,7 @@
 
 use std::collections::BTreeMap;
 
-use super::{u64_at, Replay, VALUE};
+use super::{op_log, u64_at, value64, Replay, VALUE};
 use crate::{Error, Remote, Result};
 
 /// Fan-out: keys per node.
@@ -103,13 +103,6 @@ struct Meta {
     count: u64,
 }
 
-fn value64(v: &[u8]) -> Vec<u8> {
-    let mut out = vec![0u8; VALUE];
-    let k = v.len().min(VALUE);
-    out[..k].copy_from_slice(&v[..k]);
-    out
-}
-
 impl BpTree {
     /// Opens (or creates) the tree named `name`.
     pub fn open(r: &mut Remote, name: &str) -> Result<BpTree> {
@@ -191,10 +184,7 @@ impl BpTree {
 
     /// Inserts or replaces `key`; durable when it returns.
     pub fn put(&mut self, r: &mut Remote, key: u64, value: &[u8]) -> Result<()> {
-        let mut op = vec![OP_PUT];
-        op.extend_from_slice(&key.to_le_bytes());
-        op.extend_from_slice(&value64(value));
-        r.begin(&op);
+        r.begin(&op_log(OP_PUT, key, &value64(value)));
         self.do_put(r, key, &value64(value))?;
         r.commit()
     }

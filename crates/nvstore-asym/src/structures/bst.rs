@@ -8,7 +8,7 @@
 
 use std::collections::BTreeMap;
 
-use super::{u64_at, value64, Replay, VALUE};
+use super::{op_log, open_meta, u64_at, value64, Replay, VALUE};
 use crate::{Error, Remote, Result};
 
 /// Bytes of a node.
@@ -85,14 +85,9 @@ struct Found {
 impl Bst {
     /// Opens (or creates) the tree named `name`.
     pub fn open(r: &mut Remote, name: &str) -> Result<Bst> {
-        if let Some(meta) = r.name_get(name)? {
-            return Ok(Bst { meta });
-        }
-        let meta = r.alloc(META as u64)?;
-        r.write_new(meta, &[0; META], 0)?;
-        r.flush()?;
-        r.name_set(name, meta)?;
-        Ok(Bst { meta })
+        Ok(Bst {
+            meta: open_meta(r, name, META)?,
+        })
     }
 
     fn meta(&self, r: &mut Remote) -> Result<(u64, u64)> {
@@ -147,10 +142,7 @@ impl Bst {
 
     /// Inserts or replaces `key`; durable when it returns.
     pub fn put(&mut self, r: &mut Remote, key: u64, value: &[u8]) -> Result<()> {
-        let mut op = vec![OP_PUT];
-        op.extend_from_slice(&key.to_le_bytes());
-        op.extend_from_slice(&value64(value));
-        r.begin(&op);
+        r.begin(&op_log(OP_PUT, key, &value64(value)));
         self.do_put(r, key, &value64(value))?;
         r.commit()
     }
@@ -175,9 +167,7 @@ impl Bst {
 
     /// Removes `key`, returning its value; durable when it returns.
     pub fn remove(&mut self, r: &mut Remote, key: u64) -> Result<Option<Vec<u8>>> {
-        let mut op = vec![OP_DEL];
-        op.extend_from_slice(&key.to_le_bytes());
-        r.begin(&op);
+        r.begin(&op_log(OP_DEL, key, &[]));
         let v = self.do_remove(r, key)?;
         r.commit()?;
         Ok(v)

@@ -6,7 +6,7 @@
 //! warm cache an insert needs no remote read; every write operation is one
 //! operation log and its writes are memory logs.
 
-use super::{u64_at, Replay, VALUE};
+use super::{op_log, u64_at, value64, Replay, VALUE};
 use crate::{Error, Remote, Result};
 
 const NODE: u64 = 16 + VALUE as u64;
@@ -22,13 +22,6 @@ pub struct HashTable {
     meta: u64,
     buckets: u64,
     nbuckets: u64,
-}
-
-fn value64(v: &[u8]) -> Vec<u8> {
-    let mut out = vec![0u8; VALUE];
-    let k = v.len().min(VALUE);
-    out[..k].copy_from_slice(&v[..k]);
-    out
 }
 
 /// The bucket of `key` among `nbuckets` (a power of two): Fibonacci hashing.
@@ -116,10 +109,7 @@ impl HashTable {
 
     /// Inserts or replaces `key`; durable when it returns.
     pub fn put(&mut self, r: &mut Remote, key: u64, value: &[u8]) -> Result<()> {
-        let mut op = vec![OP_PUT];
-        op.extend_from_slice(&key.to_le_bytes());
-        op.extend_from_slice(&value64(value));
-        r.begin(&op);
+        r.begin(&op_log(OP_PUT, key, &value64(value)));
         self.do_put(r, key, &value64(value))?;
         r.commit()
     }
@@ -142,9 +132,7 @@ impl HashTable {
 
     /// Removes `key`, returning its value; durable when it returns.
     pub fn remove(&mut self, r: &mut Remote, key: u64) -> Result<Option<Vec<u8>>> {
-        let mut op = vec![OP_DEL];
-        op.extend_from_slice(&key.to_le_bytes());
-        r.begin(&op);
+        r.begin(&op_log(OP_DEL, key, &[]));
         let v = self.do_remove(r, key)?;
         r.commit()?;
         Ok(v)

@@ -3,7 +3,7 @@
 //! near the ends are cached (depth 0), so in rc and rcb modes an operation
 //! needs no remote read.
 
-use super::{u64_at, Replay, VALUE};
+use super::{op_log, open_meta, u64_at, Replay, VALUE};
 use crate::{Error, Remote, Result};
 
 const NODE: u64 = 16 + VALUE as u64;
@@ -21,25 +21,6 @@ fn node(next: u64, key: u64, value: &[u8]) -> Vec<u8> {
     v[..k].copy_from_slice(&value[..k]);
     n.extend_from_slice(&v);
     n
-}
-
-fn op(code: u8, key: u64, value: &[u8]) -> Vec<u8> {
-    let mut o = vec![code];
-    o.extend_from_slice(&key.to_le_bytes());
-    o.extend_from_slice(value);
-    o
-}
-
-/// Opens the metadata object named `name`, creating it empty if missing.
-fn open_meta(r: &mut Remote, name: &str) -> Result<u64> {
-    if let Some(a) = r.name_get(name)? {
-        return Ok(a);
-    }
-    let a = r.alloc(META as u64)?;
-    r.write_new(a, &[0; META], 0)?;
-    r.flush()?;
-    r.name_set(name, a)?;
-    Ok(a)
 }
 
 /// A FIFO queue of `(key, value)` items.
@@ -97,7 +78,7 @@ impl Queue {
     /// Opens (or creates) the queue named `name`.
     pub fn open(r: &mut Remote, name: &str) -> Result<Queue> {
         Ok(Queue {
-            meta: open_meta(r, name)?,
+            meta: open_meta(r, name, META)?,
         })
     }
 
@@ -111,7 +92,7 @@ impl Queue {
 
     /// Appends an item at the tail; durable when it returns.
     pub fn enqueue(&mut self, r: &mut Remote, key: u64, value: &[u8]) -> Result<()> {
-        r.begin(&op(OP_ENQ, key, value));
+        r.begin(&op_log(OP_ENQ, key, value));
         self.do_enqueue(r, key, value)?;
         r.commit()
     }
@@ -132,7 +113,7 @@ impl Queue {
 
     /// Removes the item at the head; durable when it returns.
     pub fn dequeue(&mut self, r: &mut Remote) -> Result<Option<(u64, Vec<u8>)>> {
-        r.begin(&op(OP_DEQ, 0, &[]));
+        r.begin(&op_log(OP_DEQ, 0, &[]));
         let v = pop_head(r, self.meta)?;
         r.commit()?;
         Ok(v)
@@ -159,7 +140,7 @@ impl Stack {
     /// Opens (or creates) the stack named `name`.
     pub fn open(r: &mut Remote, name: &str) -> Result<Stack> {
         Ok(Stack {
-            meta: open_meta(r, name)?,
+            meta: open_meta(r, name, META)?,
         })
     }
 
@@ -173,7 +154,7 @@ impl Stack {
 
     /// Pushes an item; durable when it returns.
     pub fn push(&mut self, r: &mut Remote, key: u64, value: &[u8]) -> Result<()> {
-        r.begin(&op(OP_ENQ, key, value));
+        r.begin(&op_log(OP_ENQ, key, value));
         self.do_push(r, key, value)?;
         r.commit()
     }
@@ -189,7 +170,7 @@ impl Stack {
 
     /// Pops the top item; durable when it returns.
     pub fn pop(&mut self, r: &mut Remote) -> Result<Option<(u64, Vec<u8>)>> {
-        r.begin(&op(OP_DEQ, 0, &[]));
+        r.begin(&op_log(OP_DEQ, 0, &[]));
         let v = pop_head(r, self.meta)?;
         r.commit()?;
         Ok(v)

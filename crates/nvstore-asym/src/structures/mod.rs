@@ -47,6 +47,28 @@ pub fn recover(r: &mut Remote, s: &mut impl Replay) -> Result<u64> {
     Ok(ops.len() as u64)
 }
 
+/// An operation log: opcode, key, then the operation's bytes.
+pub(crate) fn op_log(code: u8, key: u64, value: &[u8]) -> Vec<u8> {
+    let mut o = Vec::with_capacity(9 + value.len());
+    o.push(code);
+    o.extend_from_slice(&key.to_le_bytes());
+    o.extend_from_slice(value);
+    o
+}
+
+/// Opens the metadata object named `name`, creating it as `len` zero bytes
+/// (flushed before it is named) if missing.
+pub(crate) fn open_meta(r: &mut Remote, name: &str, len: usize) -> Result<u64> {
+    if let Some(a) = r.name_get(name)? {
+        return Ok(a);
+    }
+    let a = r.alloc(len as u64)?;
+    r.write_new(a, &vec![0; len], 0)?;
+    r.flush()?;
+    r.name_set(name, a)?;
+    Ok(a)
+}
+
 pub(crate) fn u64_at(b: &[u8], i: usize) -> u64 {
     u64::from_le_bytes(b[i..i + 8].try_into().unwrap())
 }

@@ -17,7 +17,7 @@
 use std::collections::BTreeMap;
 
 use super::bptree::{Node, FANOUT, INNER_SIZE, LEAF_SIZE};
-use super::{u64_at, value64, Replay, VALUE};
+use super::{op_log, u64_at, value64, Replay, VALUE};
 use crate::{Error, Remote, Result};
 
 const META: usize = 24;
@@ -111,10 +111,7 @@ impl MvBpTree {
 
     /// Inserts or replaces `key`; durable when it returns.
     pub fn put(&mut self, r: &mut Remote, key: u64, value: &[u8]) -> Result<()> {
-        let mut op = vec![OP_PUT];
-        op.extend_from_slice(&key.to_le_bytes());
-        op.extend_from_slice(&value64(value));
-        r.begin(&op);
+        r.begin(&op_log(OP_PUT, key, &value64(value)));
         self.do_put(r, key, &value64(value))?;
         r.commit()
     }

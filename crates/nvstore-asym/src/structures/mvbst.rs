@@ -16,7 +16,7 @@
 use std::collections::BTreeMap;
 
 use super::bst::{cache_depth, walk, Node, NODE};
-use super::{u64_at, value64, Replay, VALUE};
+use super::{op_log, open_meta, u64_at, value64, Replay, VALUE};
 use crate::{Error, Remote, Result};
 
 const META: usize = 16;
@@ -30,14 +30,9 @@ pub struct MvBst {
 impl MvBst {
     /// Opens (or creates) the tree named `name`.
     pub fn open(r: &mut Remote, name: &str) -> Result<MvBst> {
-        if let Some(meta) = r.name_get(name)? {
-            return Ok(MvBst { meta });
-        }
-        let meta = r.alloc(META as u64)?;
-        r.write_new(meta, &[0; META], 0)?;
-        r.flush()?;
-        r.name_set(name, meta)?;
-        Ok(MvBst { meta })
+        Ok(MvBst {
+            meta: open_meta(r, name, META)?,
+        })
     }
 
     fn meta(&self, r: &mut Remote) -> Result<(u64, u64)> {
@@ -71,10 +66,7 @@ impl MvBst {
 
     /// Inserts or replaces `key`; durable when it returns.
     pub fn put(&mut self, r: &mut Remote, key: u64, value: &[u8]) -> Result<()> {
-        let mut op = vec![OP_PUT];
-        op.extend_from_slice(&key.to_le_bytes());
-        op.extend_from_slice(&value64(value));
-        r.begin(&op);
+        r.begin(&op_log(OP_PUT, key, &value64(value)));
         self.do_put(r, key, &value64(value))?;
         r.commit()
     }

@@ -8,7 +8,7 @@
 
 use std::collections::HashMap;
 
-use super::{u64_at, Replay, VALUE};
+use super::{op_log, u64_at, value64, Replay, VALUE};
 use crate::{Error, Remote, Result};
 
 /// Levels of the head node.
@@ -64,13 +64,6 @@ impl Node {
 pub struct SkipList {
     meta: u64,
     head: u64,
-}
-
-fn value64(v: &[u8]) -> Vec<u8> {
-    let mut out = vec![0u8; VALUE];
-    let k = v.len().min(VALUE);
-    out[..k].copy_from_slice(&v[..k]);
-    out
 }
 
 /// Where a search for a key ended: the predecessor at each level, and the
@@ -169,10 +162,7 @@ impl SkipList {
 
     /// Inserts or replaces `key`; durable when it returns.
     pub fn put(&mut self, r: &mut Remote, key: u64, value: &[u8]) -> Result<()> {
-        let mut op = vec![OP_PUT];
-        op.extend_from_slice(&key.to_le_bytes());
-        op.extend_from_slice(&value64(value));
-        r.begin(&op);
+        r.begin(&op_log(OP_PUT, key, &value64(value)));
         self.do_put(r, key, &value64(value))?;
         r.commit()
     }
@@ -204,9 +194,7 @@ impl SkipList {
 
     /// Removes `key`, returning its value; durable when it returns.
     pub fn remove(&mut self, r: &mut Remote, key: u64) -> Result<Option<Vec<u8>>> {
-        let mut op = vec![OP_DEL];
-        op.extend_from_slice(&key.to_le_bytes());
-        r.begin(&op);
+        r.begin(&op_log(OP_DEL, key, &[]));
         let v = self.do_remove(r, key)?;
         r.commit()?;
         Ok(v)

@@ -154,14 +154,6 @@ impl Kv for PointView<'_> {
         }
     }
 
-    fn put(&mut self, _: &[u8], _: &[u8]) -> Result<()> {
-        Err(Error::Engine(nvstore::Error::ReadOnly))
-    }
-
-    fn delete(&mut self, _: &[u8]) -> Result<()> {
-        Err(Error::Engine(nvstore::Error::ReadOnly))
-    }
-
     fn scan<'s>(
         &'s self,
         lo: Bound<Vec<u8>>,
@@ -176,8 +168,13 @@ impl Kv for PointView<'_> {
 /// What the commands need from a snapshot or a transaction.
 pub trait Kv {
     fn get(&self, k: &[u8]) -> Result<Option<Vec<u8>>>;
-    fn put(&mut self, k: &[u8], v: &[u8]) -> Result<()>;
-    fn delete(&mut self, k: &[u8]) -> Result<()>;
+    /// Writes; a read-only view (snapshot, point view) refuses them.
+    fn put(&mut self, _k: &[u8], _v: &[u8]) -> Result<()> {
+        Err(Error::Engine(nvstore::Error::ReadOnly))
+    }
+    fn delete(&mut self, _k: &[u8]) -> Result<()> {
+        Err(Error::Engine(nvstore::Error::ReadOnly))
+    }
     /// Pairs with keys in `(lo, hi)`, ascending or (`rev`) descending.
     fn scan<'s>(
         &'s self,
@@ -190,14 +187,6 @@ pub trait Kv {
 impl Kv for Snapshot<'_> {
     fn get(&self, k: &[u8]) -> Result<Option<Vec<u8>>> {
         Ok(Snapshot::get(self, k)?)
-    }
-
-    fn put(&mut self, _: &[u8], _: &[u8]) -> Result<()> {
-        Err(Error::Engine(nvstore::Error::ReadOnly))
-    }
-
-    fn delete(&mut self, _: &[u8]) -> Result<()> {
-        Err(Error::Engine(nvstore::Error::ReadOnly))
     }
 
     fn scan<'s>(
@@ -292,15 +281,15 @@ mod tests {
         s.db().put(b"a", b"1").unwrap();
         let v = PointView::new(&s);
         assert_eq!(Kv::get(&v, b"a").unwrap(), Some(b"1".to_vec()));
-        assert_eq!(s.db().clock().snapshots(), 0, "one point read pins nothing");
+        assert_eq!(s.db().stat().snapshots, 0, "one point read pins nothing");
         assert_eq!(Kv::get(&v, b"b").unwrap(), None);
-        assert_eq!(s.db().clock().snapshots(), 1);
+        assert_eq!(s.db().stat().snapshots, 1);
         s.db().put(b"b", b"2").unwrap();
         // Later reads stay on the snapshot taken at the second read.
         assert_eq!(Kv::get(&v, b"b").unwrap(), None);
         assert_eq!(v.scan(Bound::Unbounded, Bound::Unbounded, false).count(), 1);
         drop(v);
-        assert_eq!(s.db().clock().snapshots(), 0);
+        assert_eq!(s.db().stat().snapshots, 0);
     }
 
     #[test]

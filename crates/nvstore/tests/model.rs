@@ -11,6 +11,12 @@ use nvstore::pmem::SimSpace;
 use nvstore::{Db, EngineKind, Error, Options};
 use proptest::prelude::*;
 
+mod strategies;
+use strategies::{bound, key};
+
+/// 8-byte keys are drawn from this many values.
+const KEYS: u64 = 512;
+
 #[derive(Clone, Debug)]
 enum Op {
     Put(Vec<u8>, Vec<u8>),
@@ -29,14 +35,6 @@ enum Op {
     Snapshot(usize),
 }
 
-fn key() -> impl Strategy<Value = Vec<u8>> {
-    prop_oneof![
-        4 => proptest::collection::vec(0u8..4, 0..4),
-        2 => any::<u64>().prop_map(|k| (k % 512).to_be_bytes().to_vec()),
-        1 => proptest::collection::vec(any::<u8>(), 9..40),
-    ]
-}
-
 fn value() -> impl Strategy<Value = Vec<u8>> {
     prop_oneof![
         4 => proptest::collection::vec(any::<u8>(), 0..9),
@@ -45,24 +43,16 @@ fn value() -> impl Strategy<Value = Vec<u8>> {
     ]
 }
 
-fn bound() -> impl Strategy<Value = RB<Vec<u8>>> {
-    prop_oneof![
-        Just(RB::Unbounded),
-        key().prop_map(RB::Included),
-        key().prop_map(RB::Excluded)
-    ]
-}
-
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        10 => (key(), value()).prop_map(|(k, v)| Op::Put(k, v)),
-        4 => key().prop_map(Op::Del),
-        3 => key().prop_map(Op::Get),
-        2 => (bound(), bound(), any::<bool>()).prop_map(|(a, b, r)| Op::Range(a, b, r)),
+        10 => (key(KEYS), value()).prop_map(|(k, v)| Op::Put(k, v)),
+        4 => key(KEYS).prop_map(Op::Del),
+        3 => key(KEYS).prop_map(Op::Get),
+        2 => (bound(KEYS), bound(KEYS), any::<bool>()).prop_map(|(a, b, r)| Op::Range(a, b, r)),
         1 => proptest::collection::vec(0u8..4, 0..3).prop_map(Op::Prefix),
         1 => Just(Op::Reopen),
         1 => Just(Op::Crash),
-        2 => proptest::collection::vec((key(), proptest::option::weighted(0.8, value())), 1..40).prop_map(Op::Batch),
+        2 => proptest::collection::vec((key(KEYS), proptest::option::weighted(0.8, value())), 1..40).prop_map(Op::Batch),
         1 => (1usize..30).prop_map(Op::Snapshot),
     ]
 }

@@ -13,6 +13,12 @@ use nvstore::{Db, LeafKind, Options};
 use proptest::prelude::*;
 use rand::{Rng, SeedableRng};
 
+mod strategies;
+use strategies::{bound, key};
+
+/// 8-byte keys are drawn from this many values.
+const KEYS: u64 = 256;
+
 type Pairs = Vec<(Vec<u8>, Vec<u8>)>;
 
 #[derive(Clone, Debug)]
@@ -27,14 +33,6 @@ enum Op {
     Snapshot(usize),
 }
 
-fn key() -> impl Strategy<Value = Vec<u8>> {
-    prop_oneof![
-        4 => proptest::collection::vec(0u8..4, 0..4),
-        2 => any::<u64>().prop_map(|k| (k % 256).to_be_bytes().to_vec()),
-        1 => proptest::collection::vec(any::<u8>(), 9..40),
-    ]
-}
-
 fn value() -> impl Strategy<Value = Vec<u8>> {
     prop_oneof![
         4 => proptest::collection::vec(any::<u8>(), 0..9),
@@ -43,20 +41,12 @@ fn value() -> impl Strategy<Value = Vec<u8>> {
     ]
 }
 
-fn bound() -> impl Strategy<Value = RB<Vec<u8>>> {
-    prop_oneof![
-        Just(RB::Unbounded),
-        key().prop_map(RB::Included),
-        key().prop_map(RB::Excluded)
-    ]
-}
-
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        10 => (key(), value()).prop_map(|(k, v)| Op::Put(k, v)),
-        3 => key().prop_map(Op::Del),
-        4 => key().prop_map(Op::Get),
-        2 => (bound(), bound(), any::<bool>(), proptest::option::of(0usize..20))
+        10 => (key(KEYS), value()).prop_map(|(k, v)| Op::Put(k, v)),
+        3 => key(KEYS).prop_map(Op::Del),
+        4 => key(KEYS).prop_map(Op::Get),
+        2 => (bound(KEYS), bound(KEYS), any::<bool>(), proptest::option::of(0usize..20))
             .prop_map(|(a, b, r, t)| Op::Range(a, b, r, t)),
         1 => proptest::collection::vec(0u8..4, 0..3).prop_map(Op::Prefix),
         1 => (1usize..30).prop_map(Op::Snapshot),

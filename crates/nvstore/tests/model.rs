@@ -170,8 +170,12 @@ fn run(engine: EngineKind, ops: Vec<Op>) {
             }
             Op::Crash => {
                 snaps.clear();
+                // A crash: the next open sees the image as it is now. The
+                // old pool's clean shutdown on drop writes only its own
+                // space, which nothing reads again; forgetting the Db
+                // instead leaked a pool per crash (gigabytes per run).
                 let image = db.space().current_image();
-                std::mem::forget(db); // no clean shutdown: a crash
+                drop(db);
                 db = Db::open_space(SimSpace::from_image(image), "model".as_ref()).unwrap();
                 assert_eq!(db.recovery().kind, nvstore::RecoveryKind::Rebuild);
             }

@@ -59,6 +59,12 @@ pub enum Error {
     #[error("pool is open read-only")]
     ReadOnly,
 
+    /// The pool's commit clock has reached the limit of the 48-bit version
+    /// field. No workload gets there (2^48 writes); a damaged version word
+    /// does. Reads still work; nothing was written.
+    #[error("{path}: commit timestamps are exhausted (last {last}, limit {limit}): a damaged version word or a pool past 2^48 writes; writes are refused, `nvstore salvage` copies the records into a fresh pool")]
+    ClockExhausted { path: PathBuf, last: u64, limit: u64 },
+
     /// The pool's leaf format does not offer this operation.
     #[error("{0}")]
     Unsupported(String),

@@ -249,6 +249,13 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
                 what: "the pool is damaged (see `nvstore check`); writes are refused, `nvstore salvage` copies what is readable".into(),
             });
         }
+        if !self.clock.has_room() {
+            return Err(Error::ClockExhausted {
+                path: self.path.clone(),
+                last: self.clock.last(),
+                limit: Clock::LIMIT,
+            });
+        }
         Ok(())
     }
 

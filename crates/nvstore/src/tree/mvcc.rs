@@ -65,6 +65,16 @@ impl Clock {
         }
     }
 
+    /// Writes are refused (see [`crate::Error::ClockExhausted`]) once the
+    /// clock passes this mark, so the concurrent writers between the check
+    /// and [`Clock::begin_write`] (fewer than 2^20) never run out.
+    pub const LIMIT: u64 = crate::format::leaf_nv::VERSION_MASK - (1 << 20);
+
+    /// Whether a new write may take a timestamp (see [`Clock::LIMIT`]).
+    pub fn has_room(&self) -> bool {
+        self.last() < Self::LIMIT
+    }
+
     /// The last timestamp handed out (possibly not yet published).
     pub fn last(&self) -> u64 {
         self.last.load(Ordering::SeqCst)
@@ -156,6 +166,14 @@ impl Clock {
 mod tests {
     use super::*;
     use std::sync::Arc;
+
+    #[test]
+    fn a_clock_near_the_version_limit_has_no_room() {
+        assert!(Clock::new(Clock::LIMIT - 1).has_room());
+        assert!(!Clock::new(Clock::LIMIT).has_room());
+        // A damaged version word recovered as the newest timestamp.
+        assert!(!Clock::new(crate::format::leaf_nv::VERSION_MASK - 1).has_room());
+    }
 
     #[test]
     fn timestamps_rise_and_snapshots_wait_for_writers() {

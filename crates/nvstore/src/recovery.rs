@@ -339,6 +339,10 @@ fn load_saved<S: Space, L: LeafFormat>(
     let Ok(alloc) = Allocator::load(s, h.chunk_size, h.data_start, path.into(), &alloc_words) else {
         return Ok(None);
     };
+    // The state's own block is freed once loaded: it must be one.
+    if !alloc.is_allocated_block(at) {
+        return Ok(None);
+    }
     let alloc = Arc::new(alloc);
     let last_ts = s.load(header::LAST_TS_OFF).max(s.load(header::TXN_COMMIT_OFF));
     let tree = Tree::assemble(

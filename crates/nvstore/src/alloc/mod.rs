@@ -149,6 +149,27 @@ impl Allocator {
         }
     }
 
+    /// Whether `off` is the start of a block of an assigned chunk (a slab
+    /// block or a run's one block) and on no free list: what a saved
+    /// state's own block must be before it is freed at open.
+    pub fn is_allocated_block(&self, off: u64) -> bool {
+        let st = self.state.lock();
+        let Some((&start, &h)) = st.assigned.range(..=off).next_back() else {
+            return false;
+        };
+        let end = start + h.chunks() * self.chunk;
+        match h {
+            ChunkHeader::Slab { class, .. } => {
+                off >= start + FIRST_BLOCK
+                    && (off - start - FIRST_BLOCK).is_multiple_of(class)
+                    && off + class <= end
+                    && !st.free_blocks[class_index(class)].contains(&off)
+            }
+            ChunkHeader::Run { .. } => off == start + FIRST_BLOCK,
+            ChunkHeader::Free { .. } => false,
+        }
+    }
+
     /// Returns a block to the free lists. The caller guarantees that nothing
     /// persistent refers to it and no reader can still hold it (epochs).
     pub fn free(&self, off: u64) {
@@ -162,19 +183,30 @@ impl Allocator {
             // Only checked for blocks this process handed out (not rebuilt ones).
             let _ = st.live.remove(&off);
         }
-        let (&start, &h) = st
-            .assigned
-            .range(..=off)
-            .next_back()
-            .expect("free of an unallocated block");
+        // A block the pool's own structures name, so on damaged media it may
+        // be no block at all: such a free is dropped (the space leaks, which
+        // `check` reports) rather than handing out memory twice.
+        let Some((&start, &h)) = st.assigned.range(..=off).next_back() else {
+            debug_assert!(false, "free of an unallocated block {off}");
+            return;
+        };
         match h {
-            ChunkHeader::Slab { class, .. } => {
-                debug_assert_eq!((off - start - FIRST_BLOCK) % class, 0, "free of a misaligned block");
+            ChunkHeader::Slab { class, chunks } => {
+                if off < start + FIRST_BLOCK
+                    || !(off - start - FIRST_BLOCK).is_multiple_of(class)
+                    || off + class > start + chunks * self.chunk
+                {
+                    debug_assert!(false, "free of a misaligned block {off}");
+                    return;
+                }
                 st.free_blocks[class_index(class)].push(off);
                 st.used_bytes -= class;
             }
             ChunkHeader::Run { chunks } => {
-                assert_eq!(off, start + FIRST_BLOCK, "free of a misaligned run");
+                if off != start + FIRST_BLOCK {
+                    debug_assert!(false, "free of a misaligned run {off}");
+                    return;
+                }
                 st.assigned.remove(&start);
                 st.used_bytes -= chunks * self.chunk - FIRST_BLOCK;
                 insert_free(&mut st.free_chunks, start, chunks, self.chunk);
@@ -507,6 +539,13 @@ pub fn walk<S: Space>(
     while at < pool_end {
         let w = space.load(at);
         let h = ChunkHeader::decode(w).ok_or_else(|| format!("invalid chunk header {w:#x} at offset {at}"))?;
+        if let ChunkHeader::Slab { class, .. } = h {
+            if classes().get(class_index(class)) != Some(&class) {
+                return Err(format!(
+                    "slab at offset {at} has block size {class}, which is not a size class"
+                ));
+            }
+        }
         let end = at + h.chunks() * chunk;
         if end > pool_end {
             return Err(format!(

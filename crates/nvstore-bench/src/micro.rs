@@ -70,7 +70,7 @@ impl Op {
 /// `nvstore bench micro` flags.
 #[derive(clap::Args, Clone, Debug)]
 pub struct MicroArgs {
-    /// Engine: tree, volatile, lcb, cdds, fptree, fastfair, wbtree (and lmdb,
+    /// Engine: tree, hash, volatile, lcb, cdds, fptree, fastfair, wbtree (and lmdb,
     /// lmdb-batch with the `lmdb` feature; rocksdb, rocksdb-batch with the
     /// `rocksdb` feature); a comma list; or all.
     #[arg(long, default_value = "tree")]

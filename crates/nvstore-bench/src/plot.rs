@@ -157,6 +157,8 @@ fn read_results(dir: &Path) -> Result<(Vec<Run>, Vec<YcsbRun>, Vec<AdaptiveRun>)
                 {
                     let target = if target.starts_with("resp://") {
                         "resp".into()
+                    } else if target == "embedded" && s("engine").as_deref() == Some("hash") {
+                        "embedded/hash".into()
                     } else {
                         target
                     };

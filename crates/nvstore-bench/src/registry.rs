@@ -11,10 +11,12 @@ use nvstore::pmem::file::FileOptions;
 use nvstore::pmem::{FileSpace, OpenMode, Space};
 use nvstore::{Error, LeafKind, Result};
 
-/// Every engine, in report order; `tree` is nvstore itself; LMDB and
-/// RocksDB with their cargo features.
+/// Every engine, in report order; `tree` is nvstore itself, `hash` its
+/// hash engine (through `Db` like the tree); LMDB and RocksDB with their
+/// cargo features.
 pub const ENGINES: &[&str] = &[
     "tree",
+    "hash",
     "volatile",
     "lcb",
     "cdds",
@@ -68,9 +70,9 @@ pub fn pool_size_for(keys: u64) -> u64 {
 
 /// Builds engine `name` over `space` (`path` names the pool in messages).
 pub fn engine_in<S: Space>(name: &str, space: S, path: &Path, cfg: &EngineConfig) -> Result<Box<dyn BenchIndex>> {
-    if cfg.key_kind == KeyKind::String && name != "tree" {
+    if cfg.key_kind == KeyKind::String && name != "tree" && name != "hash" {
         return Err(Error::InvalidOption(format!(
-            "engine {name} stores 8-byte keys only; --key-kind string needs --engine tree"
+            "engine {name} stores 8-byte keys only; --key-kind string needs --engine tree or hash"
         )));
     }
     let ns = cfg.node_size;
@@ -79,6 +81,7 @@ pub fn engine_in<S: Space>(name: &str, space: S, path: &Path, cfg: &EngineConfig
             let ns32 = u32::try_from(ns).map_err(|_| Error::InvalidOption(format!("node size {ns} is too large")))?;
             Box::new(TreeEngine::create(space, path, ns32, cfg.leaf, cfg.key_kind)?)
         }
+        "hash" => Box::new(TreeEngine::create_hash(space, path, cfg.key_kind)?),
         "volatile" => Box::new(Volatile::new(ns)),
         "lcb" => Box::new(Lcb::new(Arc::new(space), ns)?),
         "cdds" => Box::new(Cdds::new(Arc::new(space), ns)?),
@@ -119,7 +122,7 @@ pub fn open_engine(name: &str, cfg: &EngineConfig) -> Result<Box<dyn BenchIndex>
     if name.starts_with("lmdb") {
         if cfg.key_kind == KeyKind::String {
             return Err(Error::InvalidOption(format!(
-                "engine {name} stores 8-byte keys only; --key-kind string needs --engine tree"
+                "engine {name} stores 8-byte keys only; --key-kind string needs --engine tree or hash"
             )));
         }
         return Ok(Box::new(crate::external::lmdb::Lmdb::create(
@@ -132,7 +135,7 @@ pub fn open_engine(name: &str, cfg: &EngineConfig) -> Result<Box<dyn BenchIndex>
     if name.starts_with("rocksdb") {
         if cfg.key_kind == KeyKind::String {
             return Err(Error::InvalidOption(format!(
-                "engine {name} stores 8-byte keys only; --key-kind string needs --engine tree"
+                "engine {name} stores 8-byte keys only; --key-kind string needs --engine tree or hash"
             )));
         }
         return Ok(Box::new(crate::external::rocksdb::RocksDb::create(
@@ -143,7 +146,7 @@ pub fn open_engine(name: &str, cfg: &EngineConfig) -> Result<Box<dyn BenchIndex>
     if name == "volatile" {
         if cfg.key_kind == KeyKind::String {
             return Err(Error::InvalidOption(
-                "engine volatile stores 8-byte keys only; --key-kind string needs --engine tree".into(),
+                "engine volatile stores 8-byte keys only; --key-kind string needs --engine tree or hash".into(),
             ));
         }
         return Ok(Box::new(Volatile::new(cfg.node_size)));

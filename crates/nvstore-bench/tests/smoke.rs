@@ -3,7 +3,7 @@
 
 use nvstore_bench::micro::{CompareArgs, MicroArgs, Op};
 use nvstore_bench::output::print_json_lines;
-use nvstore_bench::registry::ENGINES;
+use nvstore_bench::registry::{open_engine, EngineConfig, ENGINES};
 use nvstore_bench::{run_compare, run_micro};
 
 const MICRO_FIELDS: &[&str] = &[
@@ -79,6 +79,50 @@ fn compare_runs_every_engine() {
             assert!(v["flushes_per_op"].as_f64().unwrap() >= 1.0, "{line}");
         }
     }
+}
+
+#[test]
+fn compare_searches_the_hash_engine_next_to_the_tree() {
+    let args = CompareArgs {
+        op: Op::Search,
+        keys: 3000,
+        reps: 2,
+        engines: "hash".into(),
+        ..CompareArgs::default()
+    };
+    let rs = run_compare(&args).unwrap();
+    let names: Vec<(&str, &str)> = rs.iter().map(|r| (r.engine.as_str(), r.leaf.as_str())).collect();
+    assert_eq!(names, [("tree", "nv"), ("tree", "isle"), ("hash", "-")]);
+    for r in &rs {
+        assert!(r.ops_per_sec > 0.0 && r.ratio_vs_nv > 0.0, "{r:?}");
+        // Point gets write nothing.
+        assert_eq!(r.flushes_per_op, 0.0, "{r:?}");
+    }
+}
+
+#[test]
+fn hash_engine_answers_points_and_ordered_scans() {
+    let cfg = EngineConfig::new(512);
+    let e = open_engine("hash", &cfg).unwrap();
+    assert_eq!(e.name(), "hash");
+    // Keys in an order unrelated to their hash or their value.
+    for k in (0..1000u64).map(|i| (i * 7919) % 1000 * 3) {
+        e.insert(k, k + 1);
+    }
+    assert_eq!(e.search(300), Some(301));
+    assert_eq!(e.search(301), None);
+    assert!(e.update(300, 7));
+    assert!(!e.update(301, 7));
+    assert_eq!(e.search(300), Some(7));
+    assert!(e.delete(303));
+    assert!(!e.delete(303));
+    let mut out = Vec::new();
+    // From a key that is absent (keys are multiples of 3), past a deleted one.
+    e.scan(298, 4, &mut out);
+    assert_eq!(out, [(300, 7), (306, 307), (309, 310), (312, 313)]);
+    out.clear();
+    e.scan(2996, 10, &mut out);
+    assert_eq!(out, [(2997, 2998)]);
 }
 
 #[test]

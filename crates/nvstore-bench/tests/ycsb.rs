@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use nvstore::EngineKind;
 use nvstore_bench::ycsb::gen::{fnvhash64, zeta, AckCounter, ScrambledZipfian, SkewedLatest, Zipfian};
 use nvstore_bench::ycsb::target::{decode_record, encode_record, java_string_hash};
 use nvstore_bench::ycsb::{key_name, run_ycsb, KeyChooser, OpKind, WorkloadName, YcsbArgs};
@@ -224,6 +225,7 @@ const FIELDS: &[&str] = &[
     "ops",
     "threads",
     "target",
+    "engine",
     "layout",
     "load_ops_per_sec",
     "run_secs",
@@ -234,6 +236,11 @@ const OP_FIELDS: &[&str] = &["count", "ops_per_sec", "p50_ns", "p99_ns", "p999_n
 
 /// Runs every workload on `target` and checks the JSON.
 fn run_all(target: &str) {
+    run_all_on(target, EngineKind::Tree)
+}
+
+/// Runs every workload on `target` (an embedded pool of `engine`) and checks the JSON.
+fn run_all_on(target: &str, engine: EngineKind) {
     for w in WorkloadName::ALL {
         let args = YcsbArgs {
             workload: w,
@@ -243,6 +250,7 @@ fn run_all(target: &str) {
             target: target.into(),
             json: true,
             node_size: 1024,
+            engine,
             ..YcsbArgs::default()
         };
         let mut out = Vec::new();
@@ -258,6 +266,9 @@ fn run_all(target: &str) {
         assert_eq!(v["ops"], 4000);
         assert_eq!(v["threads"], 2);
         assert_eq!(v["target"], target);
+        if target == "embedded" {
+            assert_eq!(v["engine"], engine.as_str());
+        }
         let ops = v["operations"].as_object().unwrap();
         let mut total = 0;
         for (name, s) in ops {
@@ -292,6 +303,66 @@ fn run_all(target: &str) {
 #[test]
 fn embedded_runs_every_workload() {
     run_all("embedded");
+}
+
+#[test]
+fn embedded_hash_engine_runs_every_workload() {
+    run_all_on("embedded", EngineKind::Hash);
+}
+
+#[test]
+fn hash_engine_pool_holds_every_record_in_order_and_scans_find_them() {
+    let dir = tempfile::Builder::new()
+        .prefix("nvb-ycsb-hash")
+        .tempdir_in("/dev/shm")
+        .unwrap();
+    let pool = dir.path().join("p");
+    // Workload E: scans (answered by the hash engine's ordered index) and inserts.
+    let args = YcsbArgs {
+        workload: WorkloadName::E,
+        records: 2000,
+        ops: 2000,
+        threads: 2,
+        pool: Some(pool.clone()),
+        engine: EngineKind::Hash,
+        ..YcsbArgs::default()
+    };
+    let r = run_ycsb(&args).unwrap();
+    assert_eq!(r.engine, "hash");
+    let scans = &r.operations["scan"];
+    assert!(scans.count > 1000, "{} scans", scans.count);
+    let inserted = r.operations["insert"].count;
+    let db = nvstore::Db::open(&pool, nvstore::Options::default()).unwrap();
+    assert_eq!(db.engine(), EngineKind::Hash);
+    assert_eq!(db.len(), 2000 + inserted);
+    let mut want: Vec<String> = (0..2000 + inserted).map(key_name).collect();
+    want.sort();
+    let got: Vec<String> = db
+        .range::<&[u8], _>(..)
+        .map(|(k, _)| String::from_utf8(k.to_vec()).unwrap())
+        .collect();
+    assert_eq!(got, want);
+    // A scan from any key returns the records from it on, in key order.
+    let start = &want[want.len() / 2];
+    let from: Vec<String> = db
+        .range(start.as_bytes()..)
+        .take(10)
+        .map(|(k, _)| String::from_utf8(k.to_vec()).unwrap())
+        .collect();
+    assert_eq!(from, want[want.len() / 2..want.len() / 2 + 10]);
+}
+
+#[test]
+fn engine_flag_is_refused_for_servers() {
+    let args = YcsbArgs {
+        target: "resp://127.0.0.1:1".into(),
+        engine: EngineKind::Hash,
+        records: 10,
+        ops: 10,
+        ..YcsbArgs::default()
+    };
+    let e = run_ycsb(&args).expect_err("refused");
+    assert!(e.to_string().contains("embedded target only"), "{e}");
 }
 
 #[test]

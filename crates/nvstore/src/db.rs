@@ -459,7 +459,8 @@ impl<S: Space> Db<S> {
             leaves: 0,
             hash_depth: Some(h.table.depth()),
             last_recovery: self.recovery,
-            splits: 0,
+            // Segment splits of the table since open.
+            splits: h.table.splits(),
             replaces: 0,
             merges: 0,
             rebuilds: 0,

@@ -8,6 +8,10 @@
 //! `KeyKind::String`, `user` + 20 zero-padded decimal digits; values are the
 //! 8 bytes of the u64, little-endian.
 //!
+//! The same adapter runs the hash engine (`--engine hash`: a persistent
+//! CCEH-style table with an ordered DRAM index, `crates/nvstore/src/hash/`)
+//! through the same `Db` calls, so the two engines pay the same API costs.
+//!
 //! `update` is a `get` followed by a `put`: `Db` has no "replace if present"
 //! call, so the tree pays one extra DRAM lookup per update (no extra flush).
 
@@ -16,12 +20,13 @@ use std::path::Path;
 
 use crate::engine::{BenchIndex, EngineStats, KeyKind};
 use nvstore::pmem::Space;
-use nvstore::{Db, LeafKind, Options, Result};
+use nvstore::{Db, EngineKind, LeafKind, Options, Result};
 
-/// nvstore's `Db` as a benchmark engine.
+/// nvstore's `Db` as a benchmark engine: the tree, or the hash engine.
 pub struct TreeEngine<S: Space> {
     db: Db<S>,
     kind: KeyKind,
+    name: &'static str,
     leaf: &'static str,
 }
 
@@ -53,7 +58,24 @@ impl<S: Space> TreeEngine<S> {
         Ok(TreeEngine {
             db,
             kind,
+            name: "tree",
             leaf: leaf.as_str(),
+        })
+    }
+
+    /// A fresh pool of the hash engine in the zeroed `space` (no leaves, so
+    /// no node size or leaf format).
+    pub fn create_hash(space: S, path: &Path, kind: KeyKind) -> Result<TreeEngine<S>> {
+        let opts = Options {
+            engine: EngineKind::Hash,
+            ..Options::default()
+        };
+        let db = Db::create_in(space, path, &opts)?;
+        Ok(TreeEngine {
+            db,
+            kind,
+            name: "hash",
+            leaf: "-",
         })
     }
 
@@ -97,13 +119,13 @@ fn decode_value(b: &[u8]) -> u64 {
 
 impl<S: Space> BenchIndex for TreeEngine<S> {
     fn name(&self) -> &'static str {
-        "tree"
+        self.name
     }
     fn insert(&self, key: u64, value: u64) {
         let k = self.key(key);
         self.db
             .put(k.bytes(), &value.to_le_bytes())
-            .unwrap_or_else(|e| panic!("tree: put failed: {e}"));
+            .unwrap_or_else(|e| panic!("{}: put failed: {e}", self.name));
     }
     fn update(&self, key: u64, value: u64) -> bool {
         let k = self.key(key);
@@ -117,14 +139,14 @@ impl<S: Space> BenchIndex for TreeEngine<S> {
         }
         self.db
             .put(k.bytes(), &value.to_le_bytes())
-            .unwrap_or_else(|e| panic!("tree: put failed: {e}"));
+            .unwrap_or_else(|e| panic!("{}: put failed: {e}", self.name));
         true
     }
     fn delete(&self, key: u64) -> bool {
         let k = self.key(key);
         self.db
             .delete(k.bytes())
-            .unwrap_or_else(|e| panic!("tree: delete failed: {e}"))
+            .unwrap_or_else(|e| panic!("{}: delete failed: {e}", self.name))
     }
     fn search(&self, key: u64) -> Option<u64> {
         let k = self.key(key);

@@ -48,7 +48,7 @@ use serde::Serialize;
 
 use crate::args::{parse_count, parse_size};
 use gen::{fnvhash64, AckCounter, Discrete, ScrambledZipfian, SkewedLatest, Uniform};
-use nvstore::{Error, Result};
+use nvstore::{EngineKind, Error, Result};
 use target::Client;
 
 /// YCSB's `fieldcount` default.
@@ -293,6 +293,10 @@ pub struct YcsbArgs {
     /// Embedded target: leaf node size in bytes.
     #[arg(long, value_parser = parse_size, default_value = "4096")]
     pub node_size: u64,
+    /// Embedded target: the engine the pool is created with, `tree` or
+    /// `hash` (its ordered index answers workload E's scans).
+    #[arg(long, default_value = "tree")]
+    pub engine: EngineKind,
     /// Also write the result as JSON into this directory.
     #[arg(long)]
     pub out: Option<PathBuf>,
@@ -311,6 +315,7 @@ impl Default for YcsbArgs {
             json: false,
             pool: None,
             node_size: 4096,
+            engine: EngineKind::Tree,
             out: None,
             seed: 1,
         }
@@ -342,6 +347,9 @@ pub struct YcsbResult {
     pub ops: u64,
     pub threads: usize,
     pub target: String,
+    /// Embedded target: the pool's engine (`tree` or `hash`); `-` for
+    /// Redis-protocol targets.
+    pub engine: String,
     /// How records are stored.
     pub layout: String,
     pub seed: u64,
@@ -531,6 +539,7 @@ pub fn run_ycsb(args: &YcsbArgs) -> Result<YcsbResult> {
         ops: args.ops,
         threads,
         target: target.name(),
+        engine: target.engine().into(),
         layout: target.layout().into(),
         seed: args.seed,
         load_secs,
@@ -555,9 +564,10 @@ fn fmt_ns(ns: u64) -> String {
 pub fn print_ycsb_table(r: &YcsbResult, out: &mut dyn Write) -> std::io::Result<()> {
     writeln!(
         out,
-        "ycsb workload {}  target {}  records {}  ops {}  threads {}  ({})",
+        "ycsb workload {}  target {}  engine {}  records {}  ops {}  threads {}  ({})",
         r.workload.as_str(),
         r.target,
+        r.engine,
         r.records,
         r.ops,
         r.threads,
@@ -599,8 +609,9 @@ pub fn ycsb_main(args: &YcsbArgs, out: &mut dyn Write) -> Result<YcsbResult> {
         print_ycsb_table(&r, out).map_err(stdout_err)?;
     }
     if let Some(dir) = &args.out {
-        let kind = match r.target.as_str() {
-            "embedded" | "redis" => r.target.as_str(),
+        let kind = match (r.target.as_str(), r.engine.as_str()) {
+            ("embedded", "hash") => "embedded-hash",
+            ("embedded" | "redis", _) => r.target.as_str(),
             _ => "resp",
         };
         let name = format!(

@@ -12,6 +12,9 @@
 //! record. The price is the update of one field: a read-modify-write of the
 //! ~1 KB value, serialised per record by a striped lock so two threads
 //! updating different fields of one record never lose either update.
+//! `--engine hash` creates the pool with the hash engine instead of the tree:
+//! the same calls, point operations in its persistent hash table and scans
+//! (workload E) in its ordered DRAM index.
 //!
 //! **RESP** (`--target resp://HOST:PORT`): YCSB's redis binding
 //! (`site.ycsb.db.RedisClient`): a record is a hash, written with `HMSET key
@@ -36,7 +39,7 @@ use super::{CoreWorkload, YcsbArgs};
 use crate::external::redis_server::RedisServer;
 use nvstore::pmem::file::FileOptions;
 use nvstore::pmem::{FileSpace, OpenMode};
-use nvstore::{Db, Error, LeafKind, Options, Result};
+use nvstore::{Db, EngineKind, Error, LeafKind, Options, Result};
 
 /// One client thread's connection or handle.
 pub trait Client: Send {
@@ -56,12 +59,22 @@ pub trait Target: Send + Sync {
     fn name(&self) -> String;
     /// How records are stored, for reports.
     fn layout(&self) -> &'static str;
+    /// The engine of an embedded pool; `-` for a server.
+    fn engine(&self) -> &'static str {
+        "-"
+    }
 }
 
 /// Opens the target named by `args.target`.
 pub fn open(args: &YcsbArgs, w: &CoreWorkload) -> Result<Box<dyn Target>> {
     if args.target == "embedded" {
         return Ok(Box::new(Embedded::create(args, w)?));
+    }
+    if args.engine != EngineKind::Tree {
+        return Err(Error::InvalidOption(format!(
+            "--engine {} applies to the embedded target only",
+            args.engine.as_str()
+        )));
     }
     if args.target == "redis" {
         let server = RedisServer::start()?;
@@ -122,11 +135,18 @@ impl Embedded {
         let records = args.records + (args.ops as f64 * w.insert) as u64;
         let record_bytes = (w.field_count * (w.field_length + 4) + 64) as u64;
         let size = (records * record_bytes * 3 / 2).max(64 << 20).next_multiple_of(2 << 20);
-        Embedded::create_at(&path, keep, size, args.node_size, w.field_count)
+        Embedded::create_at(&path, keep, size, args.node_size, args.engine, w.field_count)
     }
 
-    /// A fresh pool at `path` (unlinked once mapped unless `keep`).
-    pub fn create_at(path: &Path, keep: bool, size: u64, node_size: u64, fields: usize) -> Result<Embedded> {
+    /// A fresh pool of `engine` at `path` (unlinked once mapped unless `keep`).
+    pub fn create_at(
+        path: &Path,
+        keep: bool,
+        size: u64,
+        node_size: u64,
+        engine: EngineKind,
+        fields: usize,
+    ) -> Result<Embedded> {
         let fo = FileOptions {
             mode: OpenMode::Create { size },
             ..FileOptions::default()
@@ -139,6 +159,7 @@ impl Embedded {
             node_size: u32::try_from(node_size)
                 .map_err(|_| Error::InvalidOption(format!("node size {node_size} is too large")))?,
             leaf: LeafKind::Nv,
+            engine,
             size,
             ..Options::default()
         };
@@ -169,6 +190,9 @@ impl Target for Embedded {
     }
     fn layout(&self) -> &'static str {
         "nvstore Db, one serialized value per record"
+    }
+    fn engine(&self) -> &'static str {
+        self.db.engine().as_str()
     }
 }
 

@@ -3,6 +3,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::RwLock;
@@ -65,6 +66,8 @@ pub struct HashTable<S: Space> {
     root_off: u64,
     path: PathBuf,
     state: RwLock<State>,
+    /// Segment splits since open (`stat`'s `splits` on a hash pool).
+    splits: AtomicU64,
 }
 
 impl<S: Space> HashTable<S> {
@@ -100,6 +103,7 @@ impl<S: Space> HashTable<S> {
             root_off,
             path,
             state: RwLock::new(state),
+            splits: AtomicU64::new(0),
         })
     }
 
@@ -207,12 +211,18 @@ impl<S: Space> HashTable<S> {
             root_off,
             path,
             state: RwLock::new(scan.state),
+            splits: AtomicU64::new(0),
         }
     }
 
     /// Number of distinct keys.
     pub fn len(&self) -> u64 {
         self.state.read().len
+    }
+
+    /// Segment splits since the table was created or opened.
+    pub fn splits(&self) -> u64 {
+        self.splits.load(Ordering::Relaxed)
     }
 
     /// Global depth of the directory (for tests and `stat`).
@@ -526,6 +536,7 @@ impl<S: Space> HashTable<S> {
         st.dir = dir;
         st.depth = depth;
         st.entries = entries;
+        self.splits.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
 }

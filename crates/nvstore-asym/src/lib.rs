@@ -19,6 +19,7 @@
 
 #![deny(unsafe_code)]
 
+pub mod apps;
 pub mod backend;
 pub mod cache;
 pub mod cli;

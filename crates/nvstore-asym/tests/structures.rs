@@ -8,7 +8,7 @@ use rand::{Rng, SeedableRng};
 
 use nvstore_asym::structures::hash::bucket_of;
 use nvstore_asym::structures::skiplist::height_of;
-use nvstore_asym::structures::{recover, Bst, HashTable, SkipList};
+use nvstore_asym::structures::{recover, BpTree, Bst, HashTable, SkipList};
 use nvstore_asym::{Fault, FaultyTransport, LocalTransport, Mode, Remote};
 
 mod common;
@@ -84,6 +84,28 @@ impl Kv for Bst {
     }
 }
 
+impl Kv for BpTree {
+    fn put(&mut self, r: &mut Remote, k: u64, v: &[u8]) {
+        BpTree::put(self, r, k, v).unwrap()
+    }
+    fn get(&self, r: &mut Remote, k: u64) -> Option<Vec<u8>> {
+        BpTree::get(self, r, k).unwrap()
+    }
+    fn remove(&mut self, r: &mut Remote, k: u64) -> Option<Vec<u8>> {
+        BpTree::remove(self, r, k).unwrap()
+    }
+    fn items(&self, r: &mut Remote) -> BTreeMap<u64, Vec<u8>> {
+        BpTree::scan(self, r).unwrap()
+    }
+    fn len(&self, r: &mut Remote) -> u64 {
+        BpTree::len(self, r).unwrap()
+    }
+}
+
+fn open_bptree(r: &mut Remote) -> BpTree {
+    BpTree::open(r, "t").unwrap()
+}
+
 fn open_bst(r: &mut Remote) -> Bst {
     Bst::open(r, "b").unwrap()
 }
@@ -134,6 +156,11 @@ fn agrees_with_a_model<T: Kv>(open: fn(&mut Remote) -> T) {
 #[test]
 fn hash_table_agrees_with_a_model_in_every_mode_and_after_reopen() {
     agrees_with_a_model(open_hash);
+}
+
+#[test]
+fn bptree_with_removes_agrees_with_a_model_in_every_mode_and_after_reopen() {
+    agrees_with_a_model(open_bptree);
 }
 
 #[test]
@@ -282,6 +309,11 @@ fn dies_and_recovers<T: Kv + nvstore_asym::structures::Replay>(open: fn(&mut Rem
 #[test]
 fn a_hash_table_writer_that_dies_is_recovered_exactly_once() {
     dies_and_recovers(open_hash);
+}
+
+#[test]
+fn a_bptree_writer_that_dies_is_recovered_exactly_once() {
+    dies_and_recovers(open_bptree);
 }
 
 #[test]

@@ -3,6 +3,11 @@
 //! (enqueue, push, or a put of a uniform random key into the B+-tree, BST,
 //! hash table, skiplist, or the multi-version BST and B+-tree), every operation acknowledged when durable.
 //!
+//! With `--app smallbank|tatp` it runs a transaction benchmark instead
+//! (AsymNVM §9.3): SmallBank over the hash table or TATP over the B+-tree,
+//! loaded first by a separate front-end (rcb, not timed), then `--ops`
+//! transactions of the standard mix by a fresh front-end in `--mode`.
+//!
 //! The back-end runs in this process on its own threads (a pool file on
 //! /dev/shm, removed afterwards), or elsewhere with `--connect ADDR`.
 
@@ -12,6 +17,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
+use nvstore_asym::apps::{smallbank, tatp, Outcome, SmallBank, Tatp};
 use nvstore_asym::structures::{BpTree, Bst, HashTable, MvBpTree, MvBst, Queue, SkipList, Stack};
 use nvstore_asym::{Backend, Fault, FaultyTransport, Layout, Mode, Remote, RemoteOptions, TcpTransport, Transport};
 use rand::{Rng, SeedableRng};
@@ -23,10 +29,17 @@ pub struct AsymArgs {
     /// Data structure: queue, stack (enqueue / push), bptree, bst, hash, skiplist, mvbst or mvbpt (puts of uniform random keys).
     #[arg(long, default_value = "queue")]
     pub structure: String,
+    /// A transaction benchmark instead of a structure: smallbank (over the
+    /// hash table) or tatp (over the B+-tree).
+    #[arg(long)]
+    pub app: Option<String>,
+    /// Accounts (smallbank) or subscribers (tatp) loaded before timing.
+    #[arg(long, default_value_t = 10_000)]
+    pub scale: u64,
     /// naive, r, rc or rcb (AsymNVM Table 3).
     #[arg(long, default_value = "rcb")]
     pub mode: String,
-    /// Write operations to time.
+    /// Write operations (or transactions, with --app) to time.
     #[arg(long, default_value_t = 20_000)]
     pub ops: u64,
     /// Operations per tx_write (rcb).
@@ -49,6 +62,9 @@ pub struct AsymArgs {
 /// The result, as printed with `--json`.
 #[derive(Serialize, Clone, Debug)]
 pub struct AsymResult {
+    /// smallbank or tatp, for a transaction benchmark.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub app: Option<String>,
     pub structure: String,
     pub mode: String,
     pub ops: u64,
@@ -57,6 +73,9 @@ pub struct AsymResult {
     pub bytes_per_op: f64,
     pub p50_ns: u64,
     pub p99_ns: u64,
+    /// Transactions whose condition failed (nothing written), with --app.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub aborted: Option<u64>,
 }
 
 /// Node bytes per item (for the cache percentage): list nodes are 80
@@ -95,7 +114,11 @@ fn start_backend() -> Result<(SocketAddr, PathBuf), String> {
 /// Runs the benchmark and returns its result.
 pub fn run_asym(a: &AsymArgs) -> Result<AsymResult, String> {
     let mode = Mode::parse(&a.mode).ok_or_else(|| format!("unknown mode {:?}: naive, r, rc or rcb", a.mode))?;
-    if !matches!(
+    if let Some(app) = &a.app {
+        if !matches!(app.as_str(), "smallbank" | "tatp") {
+            return Err(format!("unknown app {app:?}: smallbank or tatp"));
+        }
+    } else if !matches!(
         a.structure.as_str(),
         "queue" | "stack" | "bptree" | "bst" | "hash" | "skiplist" | "mvbst" | "mvbpt"
     ) {
@@ -119,18 +142,10 @@ pub fn run_asym(a: &AsymArgs) -> Result<AsymResult, String> {
 }
 
 fn run_on(a: &AsymArgs, mode: Mode, addr: SocketAddr) -> Result<AsymResult, String> {
-    let tcp = TcpTransport::connect(addr).map_err(|e| format!("connect {addr}: {e}"))?;
-    let t: Box<dyn Transport> = if a.delay_us > 0 {
-        Box::new(FaultyTransport::new(
-            tcp,
-            Fault {
-                delay: Duration::from_micros(a.delay_us),
-                ..Fault::default()
-            },
-        ))
-    } else {
-        Box::new(tcp)
-    };
+    if let Some(app) = &a.app {
+        return run_app(a, app, mode, addr);
+    }
+    let t = transport(a, addr)?;
     let opts = RemoteOptions {
         mode,
         batch: a.batch.max(1),
@@ -190,6 +205,7 @@ fn run_on(a: &AsymArgs, mode: Mode, addr: SocketAddr) -> Result<AsymResult, Stri
     r.close().map_err(e)?;
     let ops = a.ops.max(1) as f64;
     Ok(AsymResult {
+        app: None,
         structure: a.structure.clone(),
         mode: mode.as_str().into(),
         ops: a.ops,
@@ -198,6 +214,108 @@ fn run_on(a: &AsymArgs, mode: Mode, addr: SocketAddr) -> Result<AsymResult, Stri
         bytes_per_op: d.bytes() as f64 / ops,
         p50_ns: hist.value_at_quantile(0.5),
         p99_ns: hist.value_at_quantile(0.99),
+        aborted: None,
+    })
+}
+
+/// A front-end over TCP, with `--delay-us` if asked.
+fn transport(a: &AsymArgs, addr: SocketAddr) -> Result<Box<dyn Transport>, String> {
+    let tcp = TcpTransport::connect(addr).map_err(|e| format!("connect {addr}: {e}"))?;
+    Ok(if a.delay_us > 0 {
+        Box::new(FaultyTransport::new(
+            tcp,
+            Fault {
+                delay: Duration::from_micros(a.delay_us),
+                ..Fault::default()
+            },
+        ))
+    } else {
+        Box::new(tcp)
+    })
+}
+
+/// One of the apps behind one interface.
+enum App {
+    Bank(SmallBank),
+    Tatp(Tatp),
+}
+
+impl App {
+    fn open(r: &mut Remote, app: &str, name: &str, scale: u64) -> nvstore_asym::Result<App> {
+        Ok(match app {
+            "smallbank" => App::Bank(SmallBank::open(r, name, scale)?),
+            _ => App::Tatp(Tatp::open(r, name, scale)?),
+        })
+    }
+}
+
+/// `--app`: loads with a separate rcb front-end (not timed), then runs
+/// `--ops` transactions of the app's mix in `mode` on a fresh front-end.
+fn run_app(a: &AsymArgs, app: &str, mode: Mode, addr: SocketAddr) -> Result<AsymResult, String> {
+    let e = |e: nvstore_asym::Error| e.to_string();
+    let scale = a.scale.max(1);
+    // Bytes per account (two hash rows) or per subscriber (about 11 rows in B+-tree leaves).
+    let item = if app == "smallbank" { 2 * 88 } else { 11 * 100 };
+    let name = format!("{app}-{}", rand::random::<u32>());
+    let lock = format!("bench-{}", rand::random::<u32>());
+    let owner = rand::random::<u64>() | 1;
+    let loader = RemoteOptions {
+        mode: Mode::Rcb,
+        batch: 1024,
+        cache_bytes: (scale * item * 2) as usize,
+        owner,
+        lock: lock.clone(),
+        ..RemoteOptions::default()
+    };
+    let mut r = Remote::open(transport(a, addr)?, loader).map_err(e)?;
+    match App::open(&mut r, app, &name, scale).map_err(e)? {
+        App::Bank(mut b) => b.load(&mut r),
+        App::Tatp(mut t) => t.load(&mut r),
+    }
+    .map_err(e)?;
+    r.close().map_err(e)?;
+    let opts = RemoteOptions {
+        mode,
+        batch: a.batch.max(1),
+        cache_bytes: ((scale * item * a.cache_pct / 100) as usize).max(4096),
+        owner,
+        lock,
+        ..RemoteOptions::default()
+    };
+    let mut r = Remote::open(transport(a, addr)?, opts).map_err(e)?;
+    let mut db = App::open(&mut r, app, &name, scale).map_err(e)?;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(42);
+    let mut hist = Histogram::<u64>::new_with_bounds(1, 3_600_000_000_000, 3).expect("bounds");
+    let mut aborted = 0;
+    let start_counters = r.counters().clone();
+    let t0 = Instant::now();
+    for _ in 0..a.ops {
+        let t = Instant::now();
+        let out = match &mut db {
+            App::Bank(b) => b.execute(&mut r, &smallbank::Tx::random(&mut rng, scale)),
+            App::Tatp(d) => d.execute(&mut r, &tatp::Tx::random(&mut rng, scale)),
+        }
+        .map_err(e)?;
+        aborted += (out == Outcome::Aborted) as u64;
+        hist.record(t.elapsed().as_nanos().max(1) as u64).expect("in bounds");
+    }
+    // The last batch is part of the work.
+    r.flush().map_err(e)?;
+    let secs = t0.elapsed().as_secs_f64();
+    let d = r.counters().since(&start_counters);
+    r.close().map_err(e)?;
+    let ops = a.ops.max(1) as f64;
+    Ok(AsymResult {
+        app: Some(app.into()),
+        structure: if app == "smallbank" { "hash" } else { "bptree" }.into(),
+        mode: mode.as_str().into(),
+        ops: a.ops,
+        ops_per_sec: a.ops as f64 / secs,
+        round_trips_per_op: d.round_trips as f64 / ops,
+        bytes_per_op: d.bytes() as f64 / ops,
+        p50_ns: hist.value_at_quantile(0.5),
+        p99_ns: hist.value_at_quantile(0.99),
+        aborted: Some(aborted),
     })
 }
 
@@ -210,8 +328,16 @@ pub fn asym_main(a: &AsymArgs, out: &mut dyn Write) -> Result<AsymResult, String
     } else {
         writeln!(
             out,
-            "asym {} mode {}: {} ops, {:.0} ops/s, {:.3} round trips/op, {:.0} bytes/op, p50 {} ns, p99 {} ns",
-            r.structure, r.mode, r.ops, r.ops_per_sec, r.round_trips_per_op, r.bytes_per_op, r.p50_ns, r.p99_ns
+            "asym {}{} mode {}: {} ops, {:.0} ops/s, {:.3} round trips/op, {:.0} bytes/op, p50 {} ns, p99 {} ns",
+            r.app.as_ref().map_or(String::new(), |a| format!("{a} on ")),
+            r.structure,
+            r.mode,
+            r.ops,
+            r.ops_per_sec,
+            r.round_trips_per_op,
+            r.bytes_per_op,
+            r.p50_ns,
+            r.p99_ns
         )
         .map_err(w)?;
     }

@@ -19,6 +19,7 @@ pub(crate) const LEAF_SIZE: usize = PAYLOAD + FANOUT * VALUE;
 pub(crate) const INNER_SIZE: usize = PAYLOAD + (FANOUT + 1) * 8;
 const META: usize = 24;
 const OP_PUT: u8 = 1;
+const OP_DEL: u8 = 2;
 
 #[derive(Clone, Debug)]
 pub(crate) struct Node {
@@ -189,6 +190,51 @@ impl BpTree {
         r.commit()
     }
 
+    /// Inserts or replaces `key` as part of an operation the caller began
+    /// with its own operation log: a transaction that updates several keys
+    /// logs once and re-executes as a whole (see `crate::apps`).
+    pub fn put_in_op(&mut self, r: &mut Remote, key: u64, value: &[u8]) -> Result<()> {
+        self.do_put(r, key, &value64(value))
+    }
+
+    /// Removes `key`, returning its value; durable when it returns.
+    pub fn remove(&mut self, r: &mut Remote, key: u64) -> Result<Option<Vec<u8>>> {
+        r.begin(&op_log(OP_DEL, key, &[]));
+        let v = self.do_remove(r, key)?;
+        r.commit()?;
+        Ok(v)
+    }
+
+    /// [`BpTree::remove`] inside an operation the caller began.
+    pub fn remove_in_op(&mut self, r: &mut Remote, key: u64) -> Result<Option<Vec<u8>>> {
+        self.do_remove(r, key)
+    }
+
+    /// Removes the key from its leaf in place. Leaves are not merged (lazy
+    /// deletion): a leaf may become empty, searches and scans pass over it
+    /// and later inserts refill it; separators stay valid bounds.
+    fn do_remove(&mut self, r: &mut Remote, key: u64) -> Result<Option<Vec<u8>>> {
+        let mut m = self.get_meta(r)?;
+        let mut at = m.root;
+        for depth in 0..m.height {
+            let mut n = Self::read_node(r, at, depth, m.height)?;
+            if !n.leaf {
+                at = n.kids[n.keys.partition_point(|k| *k <= key)];
+                continue;
+            }
+            let Ok(i) = n.keys.binary_search(&key) else {
+                return Ok(None);
+            };
+            n.keys.remove(i);
+            let v = n.vals.remove(i);
+            r.write(at, &n.bytes())?;
+            m.count -= 1;
+            self.put_meta(r, &m, false)?;
+            return Ok(Some(v));
+        }
+        Err(Error::Protocol("B+-tree deeper than its height".into()))
+    }
+
     fn do_put(&mut self, r: &mut Remote, key: u64, value: &[u8]) -> Result<()> {
         let mut m = self.get_meta(r)?;
         let mut path = Vec::new();
@@ -301,6 +347,7 @@ impl Replay for BpTree {
     fn redo(&mut self, r: &mut Remote, op: &[u8]) -> Result<()> {
         match op.first() {
             Some(&OP_PUT) if op.len() == 9 + VALUE => self.do_put(r, u64_at(op, 1), &op[9..]),
+            Some(&OP_DEL) if op.len() == 9 => self.do_remove(r, u64_at(op, 1)).map(|_| ()),
             _ => Err(Error::Protocol(format!("not a B+-tree operation: {op:?}"))),
         }
     }

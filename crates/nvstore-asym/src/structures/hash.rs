@@ -114,6 +114,13 @@ impl HashTable {
         r.commit()
     }
 
+    /// Inserts or replaces `key` as part of an operation the caller began
+    /// with its own operation log: a transaction that updates several keys
+    /// logs once and re-executes as a whole (see `crate::apps`).
+    pub fn put_in_op(&mut self, r: &mut Remote, key: u64, value: &[u8]) -> Result<()> {
+        self.do_put(r, key, &value64(value))
+    }
+
     fn do_put(&mut self, r: &mut Remote, key: u64, value: &[u8]) -> Result<()> {
         let count = self.count(r)?;
         let (head, found) = self.find(r, key)?;

@@ -37,7 +37,7 @@ fn full_match<S: Space>(s: &S, layout: &Layout, i: u64, key: &[u8], kw: u64, at:
             key.len() > 8 && {
                 let b = s.read_u64(e + nv::E_BLOB) & nv::BLOB_MASK;
                 let (kl, _) = blob::lens(s.read_u64(b));
-                kl as usize == key.len() && blob_key_is(s, b + blob::DATA_OFF, key)
+                kl as usize == key.len() && blob_key_is(s, blob::key_at(b), key)
             }
         }
     };

@@ -12,17 +12,16 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use super::model::{apply, expected, Allowed, Ctx};
+use super::op::{exec, keys_per_thread, outcome_str, OpResult, PATH};
 use super::probe::{Image, Probe};
 use super::verify::{check_image, CheckJob, Env};
 use super::workload::{phase_of, Gen, Model, Op, Phase};
 use super::{campaign_thread, panic_msg, Config, Report};
 use crate::db::{Db, Options};
-use crate::error::Result;
 use crate::format::header::{EngineKind, LeafKind};
 use crate::format::leaf_nv;
 use crate::pmem::{SimSpace, Space};
 use crate::recovery::RecoveryKind;
-use crate::txn::WriteBatch;
 
 /// The split race (docs/design.md, "the publish rule", rule 3): a split publishes its new leaves to
 /// other threads when it releases its locks. If the link store that swaps
@@ -100,8 +99,6 @@ pub(super) fn split_race(cfg: &Config) -> (u64, Vec<String>) {
     std::mem::forget(db);
     (1, problems)
 }
-
-pub(super) const PATH: &str = "crashtest";
 
 /// Operations on one pool before the campaign starts a fresh one.
 pub(super) const POOL_OPS: u64 = 800;
@@ -231,57 +228,6 @@ pub(super) fn process(env: &Env, shared: &Shared, task: Task) -> Done {
 pub(super) struct Job {
     pub(super) db: Arc<Db<Probe>>,
     pub(super) op: Op,
-}
-
-pub(super) type OpResult = std::result::Result<Outcome, String>;
-
-#[derive(Debug, PartialEq)]
-pub(super) enum Outcome {
-    Put,
-    Deleted(bool),
-    Got(Option<Vec<u8>>),
-}
-
-pub(super) fn exec(db: &Db<Probe>, op: &Op) -> OpResult {
-    let r = catch_unwind(AssertUnwindSafe(|| -> Result<Outcome> {
-        Ok(match op {
-            Op::Put(k, v) => {
-                db.put(k, v)?;
-                Outcome::Put
-            }
-            Op::Del(k) => Outcome::Deleted(db.delete(k)?),
-            Op::Get(k) => Outcome::Got(db.get(k)?),
-            Op::Batch(w) => {
-                let mut b = WriteBatch::new();
-                for (k, v) in w {
-                    match v {
-                        Some(v) => b.put(k, v),
-                        None => b.delete(k),
-                    }
-                }
-                db.write_batch(b)?;
-                Outcome::Put
-            }
-            Op::Txn(w) => {
-                db.transaction(|tx| {
-                    for (k, v) in w {
-                        tx.get(k)?;
-                        match v {
-                            Some(v) => tx.put(k, v)?,
-                            None => tx.delete(k)?,
-                        }
-                    }
-                    Ok(())
-                })?;
-                Outcome::Put
-            }
-        })
-    }));
-    match r {
-        Ok(Ok(o)) => Ok(o),
-        Ok(Err(e)) => Err(format!("error: {e}")),
-        Err(p) => Err(format!("panic: {}", panic_msg(&p))),
-    }
 }
 
 /// The second writer thread: runs one op per round, started together with
@@ -751,21 +697,6 @@ impl<'c> Campaign<'c> {
         }
         self.helper.take();
         self.tasks.take();
-    }
-}
-
-pub(super) fn keys_per_thread(cfg: &Config) -> u32 {
-    (cfg.keys / cfg.threads.clamp(1, 2) as u32).max(4)
-}
-
-pub(super) fn outcome_str(o: &Outcome) -> String {
-    match o {
-        Outcome::Put => "ok".into(),
-        Outcome::Deleted(b) => format!("deleted={b}"),
-        Outcome::Got(v) => match v {
-            Some(v) => format!("a {} B value", v.len()),
-            None => "nothing".into(),
-        },
     }
 }
 

@@ -79,6 +79,7 @@
 
 mod campaign;
 mod model;
+mod op;
 mod probe;
 mod verify;
 mod workload;
@@ -96,7 +97,8 @@ use crate::pmem::points;
 
 pub use probe::{Image, Probe};
 
-use campaign::{check_worker, keys_per_thread, split_race, Campaign, Done, Shared, Task};
+use campaign::{check_worker, split_race, Campaign, Done, Shared, Task};
+use op::keys_per_thread;
 use verify::Env;
 
 /// Settings of one campaign.

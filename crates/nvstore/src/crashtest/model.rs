@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use super::campaign::Outcome;
+use super::op::Outcome;
 use super::workload::{show, Model, Op, Val};
 
 /// Where an image comes from, for violation reports.

@@ -10,8 +10,8 @@ use std::sync::Arc;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use super::campaign::{exec, outcome_str, PATH};
 use super::model::{apply, expected, Allowed};
+use super::op::{exec, outcome_str, PATH};
 use super::probe::{Image, Probe};
 use super::workload::{show, Gen, Model, Phase};
 use super::{panic_msg, Config, WorkStats};

@@ -12,6 +12,19 @@
 /// Where the bytes start: after the header word ([`header_word`]).
 pub const DATA_OFF: u64 = 8;
 
+/// Address of the key bytes of the blob at `blob`.
+#[inline]
+pub const fn key_at(blob: u64) -> u64 {
+    blob + DATA_OFF
+}
+
+/// Address of the value bytes of the blob at `blob` holding a key of
+/// `key_len` bytes.
+#[inline]
+pub const fn value_at(blob: u64, key_len: u64) -> u64 {
+    blob + DATA_OFF + key_len
+}
+
 /// Bytes a blob needs.
 pub fn size(key_len: usize, value_len: usize) -> u64 {
     DATA_OFF + key_len as u64 + value_len as u64

@@ -294,6 +294,41 @@ fn checksum_ok(line: &[u8; LINE as usize]) -> bool {
     })
 }
 
+/// Address of the root word naming the first leaf of the chain.
+#[inline]
+pub const fn leaf_head_word() -> u64 {
+    LEAF_HEAD_OFF
+}
+
+/// Address of the `txn_commit` word: the newest multi-leaf commit record.
+#[inline]
+pub const fn txn_commit_word() -> u64 {
+    TXN_COMMIT_OFF
+}
+
+/// Address of the pool-size root word (tests build headers by hand).
+#[cfg(test)]
+pub const fn pool_size_word() -> u64 {
+    POOL_SIZE_OFF
+}
+
+/// Address of the word saying where allocation starts (tests build
+/// headers by hand).
+#[cfg(test)]
+pub const fn data_start_word() -> u64 {
+    DATA_START_OFF
+}
+
+/// Where allocation starts, as the header records it.
+pub fn data_start<S: Space>(space: &S) -> u64 {
+    space.load(DATA_START_OFF)
+}
+
+/// The newest multi-leaf commit record (`txn_commit`).
+pub fn txn_committed<S: Space>(space: &S) -> u64 {
+    space.load(TXN_COMMIT_OFF)
+}
+
 /// Header checksum: CRC-32 (crc32fast) widened to a word.
 pub fn checksum(bytes: &[u8]) -> u64 {
     crc32fast::hash(bytes) as u64

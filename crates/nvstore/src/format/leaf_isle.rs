@@ -216,6 +216,47 @@ pub const fn capacity(size: u64) -> u64 {
     data_lines(size) * C_SLOTS as u64
 }
 
+/// The header words of the leaf at an offset, by name: callers reach them
+/// through these addresses, never by adding the `*_OFF` constants.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IsleLeaf(u64);
+
+impl IsleLeaf {
+    /// The leaf that starts at `leaf`.
+    #[inline]
+    pub const fn at(leaf: u64) -> IsleLeaf {
+        IsleLeaf(leaf)
+    }
+    /// Address of the sibling pointer (with its STALE flag).
+    #[inline]
+    pub const fn next_word(self) -> u64 {
+        self.0 + NEXT_OFF
+    }
+    /// Address of the node size.
+    #[inline]
+    pub const fn size_word(self) -> u64 {
+        self.0 + SIZE_OFF
+    }
+    /// Address of the lowest key word the leaf may hold.
+    #[inline]
+    pub const fn low_word(self) -> u64 {
+        self.0 + LOW_OFF
+    }
+}
+
+/// Writes the header words of a leaf being built in DRAM (`buf` holds the
+/// leaf from its first byte): sibling pointer, size and `low`.
+pub fn write_meta(buf: &mut [u8], next: u64, size: u64, low: u64) {
+    for (off, w) in [(NEXT_OFF, next), (SIZE_OFF, size), (LOW_OFF, low)] {
+        buf[off as usize..][..8].copy_from_slice(&w.to_le_bytes());
+    }
+}
+
+/// Sets the code byte of data line `line` in a leaf being built in DRAM.
+pub fn write_code(buf: &mut [u8], line: u64, code: u8) {
+    buf[(CODES_OFF + line) as usize] = code;
+}
+
 /// Offset of data line `line`.
 #[inline]
 pub const fn line(leaf: u64, size: u64, line: u64) -> u64 {

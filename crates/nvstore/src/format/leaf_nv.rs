@@ -129,6 +129,95 @@ pub const fn capacity(size: u64) -> u64 {
     (size - ELEMS_OFF) / ELEM_SIZE
 }
 
+/// The header words of the leaf at an offset, by name: callers reach them
+/// through these addresses, never by adding the `*_OFF` constants.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NvLeaf(u64);
+
+impl NvLeaf {
+    /// The leaf that starts at `leaf`.
+    #[inline]
+    pub const fn at(leaf: u64) -> NvLeaf {
+        NvLeaf(leaf)
+    }
+    /// Address of the element count.
+    #[inline]
+    pub const fn count_word(self) -> u64 {
+        self.0 + COUNT_OFF
+    }
+    /// Address of the sibling pointer.
+    #[inline]
+    pub const fn next_word(self) -> u64 {
+        self.0 + NEXT_OFF
+    }
+    /// Address of the node size.
+    #[inline]
+    pub const fn size_word(self) -> u64 {
+        self.0 + SIZE_OFF
+    }
+    /// Address of the incarnation stamp.
+    #[inline]
+    pub const fn stamp_word(self) -> u64 {
+        self.0 + STAMP_OFF
+    }
+    /// The incarnation stamp: nonzero when the leaf is sealed.
+    #[inline]
+    pub fn stamp<S: Space>(self, s: &S) -> u64 {
+        s.read_u64(self.stamp_word())
+    }
+}
+
+/// The header line of a leaf being built whole (split, replace, merge).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Head {
+    pub count: u64,
+    pub next: u64,
+    pub size: u64,
+    pub compact: u64,
+    pub compact_version: u64,
+    pub stamp: u64,
+}
+
+/// An image of a leaf being built in DRAM, written to the pool in one
+/// piece once complete: word stores at the format's offsets.
+pub struct LeafImage(Vec<u8>);
+
+impl LeafImage {
+    /// A zeroed image of the leaf's first `used` bytes.
+    pub fn zeroed(used: u64) -> LeafImage {
+        LeafImage(vec![0u8; used as usize])
+    }
+    fn put(&mut self, off: u64, w: u64) {
+        self.0[off as usize..][..8].copy_from_slice(&w.to_le_bytes());
+    }
+    /// Writes the header line.
+    pub fn write_head(&mut self, h: &Head) {
+        self.put(COUNT_OFF, h.count);
+        self.put(NEXT_OFF, h.next);
+        self.put(SIZE_OFF, h.size);
+        self.put(COMPACT_OFF, h.compact);
+        self.put(COMPACT_VERSION_OFF, h.compact_version);
+        self.put(STAMP_OFF, h.stamp);
+    }
+    /// Writes compact entry `j`: its key word and value word.
+    pub fn write_compact(&mut self, j: u64, key_word: u64, value_word: u64) {
+        let o = ELEMS_OFF + j * COMPACT_SIZE;
+        self.put(o + C_KEY_WORD, key_word);
+        self.put(o + C_VALUE_WORD, value_word);
+    }
+    /// Writes the words of the full element at byte offset `at` of the
+    /// leaf (from [`full_start`]).
+    pub fn write_full(&mut self, at: u64, words: &[u64; 4]) {
+        for (k, w) in words.iter().enumerate() {
+            self.put(at + k as u64 * 8, *w);
+        }
+    }
+    /// The bytes to write at the leaf's offset.
+    pub fn bytes(&self) -> &[u8] {
+        &self.0
+    }
+}
+
 /// Bytes from the start of the leaf to its first full element, after
 /// `compact` entries.
 #[inline]

@@ -14,7 +14,7 @@
 //! - [`Model`]: Eq. 1–4 bound every enlargement and shrink with the read
 //!   and write times `T_r(size)`, `T_w(size)` of the medium, measured by
 //!   [`calibrate`] when a pool is opened and cached in the pool header
-//!   ([`crate::format::header::CALIBRATION_OFF`]).
+//!   (its calibration words, [`crate::format::header`]).
 //! - Hot-write PLNs get a larger limit at rebuild (§5.5), in
 //!   [`super::index::Index::build_adaptive`] via [`hot_pln_extra`].
 

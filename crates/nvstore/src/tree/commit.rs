@@ -269,8 +269,9 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
                 counts.push((n + elems.len() as u64, plan.len() as u64));
             }
             if multi {
-                self.space.store(header::TXN_COMMIT_OFF, w.ts);
-                self.space.flush(header::TXN_COMMIT_OFF, 8, points::TXN_COMMIT_FLUSH);
+                let commit = header::txn_commit_word();
+                self.space.store(commit, w.ts);
+                self.space.flush(commit, 8, points::TXN_COMMIT_FLUSH);
                 self.space.fence(points::TXN_COMMIT_FENCE);
                 self.stats.multi_leaf_commits.fetch_add(1, Ordering::Relaxed);
             }

@@ -288,7 +288,7 @@ pub(super) fn element_lookup_word<S: Space>(s: &S, w: &[u64; 4]) -> Option<u64> 
     let mut done = 0;
     while done < kl {
         let n = (kl - done).min(buf.len() as u64) as usize;
-        s.read(w[1] + crate::format::blob::DATA_OFF + done, &mut buf[..n]);
+        s.read(crate::format::blob::key_at(w[1]) + done, &mut buf[..n]);
         h.update(&buf[..n]);
         done += n as u64;
     }
@@ -473,11 +473,11 @@ mod tests {
         let s = SimSpace::new(64 * 1024);
         // A damaged size word in the leaf: the handle's checked size decides.
         let off = 4096;
-        s.store(off + nv::SIZE_OFF, 1 << 60);
+        s.store(nv::NvLeaf::at(off).size_word(), 1 << 60);
         let leaf = LeafRef::with(off, 1024, 3);
         assert_eq!(hints(&s, &leaf).fp.len() as u64, nv::capacity(1024).div_ceil(8));
         // The read-only view of a pool without leaves: size 0, no hints.
-        s.store(nv::SIZE_OFF, u64::MAX);
+        s.store(nv::NvLeaf::at(0).size_word(), u64::MAX);
         let empty = LeafRef::with(0, 0, 0);
         let fp = &hints(&s, &empty).fp;
         assert!(matches!(fp, FpWords::Inline(_)) && fp.iter().all(|w| w.load(Ordering::Relaxed) == 0));

@@ -26,7 +26,7 @@ use super::mvcc::Clock;
 use super::LeafRef;
 use crate::format::element;
 use crate::format::element::{encode, inline_value_word};
-use crate::format::leaf_isle::{self as il, Kind};
+use crate::format::leaf_isle::{self as il, IsleLeaf, Kind};
 use crate::format::leaf_nv::{self as nv, Meta};
 use crate::pmem::{points, Space, LINE};
 
@@ -111,10 +111,10 @@ fn codes<S: Space>(s: &S, leaf: u64, size: u64) -> Vec<u8> {
 /// none are, or when the link does not name a line of the pool (damage
 /// the leaf's validation reports).
 fn dead_bound<S: Space>(s: &S, leaf: u64) -> u64 {
-    let next = s.load(leaf + il::NEXT_OFF);
+    let next = s.load(IsleLeaf::at(leaf).next_word());
     let succ = next & !il::STALE;
     if next & il::STALE != 0 && succ != 0 && succ.is_multiple_of(LINE) && succ < s.size() {
-        s.load(succ + il::LOW_OFF)
+        s.load(IsleLeaf::at(succ).low_word())
     } else {
         u64::MAX
     }
@@ -425,13 +425,13 @@ impl LeafFormat for Isle {
             .sum()
     }
     fn next<S: Space>(s: &S, leaf: u64) -> u64 {
-        s.load(leaf + il::NEXT_OFF) & !il::STALE
+        s.load(IsleLeaf::at(leaf).next_word()) & !il::STALE
     }
     fn size<S: Space>(s: &S, leaf: u64) -> u64 {
-        s.load(leaf + il::SIZE_OFF)
+        s.load(IsleLeaf::at(leaf).size_word())
     }
     fn next_word(leaf: u64) -> u64 {
-        leaf + il::NEXT_OFF
+        IsleLeaf::at(leaf).next_word()
     }
 
     fn newest<S: Space>(s: &S, leaf: &LeafRef, _n: u64, key: &[u8], _at: u64) -> Option<Newest> {
@@ -479,13 +479,11 @@ impl LeafFormat for Isle {
         let used = ((h + lines.len() as u64) * LINE) as usize;
         let mut buf = vec![0u8; used];
         let put = |buf: &mut [u8], at: u64, w: u64| buf[at as usize..at as usize + 8].copy_from_slice(&w.to_le_bytes());
-        put(&mut buf, il::NEXT_OFF, next);
-        put(&mut buf, il::SIZE_OFF, size);
-        put(&mut buf, il::LOW_OFF, low);
+        il::write_meta(&mut buf, next, size, low);
         for (line, (kind, members)) in lines.iter().enumerate() {
             let order: Vec<u8> = (0..members.len() as u8).collect();
-            buf[(il::CODES_OFF + line as u64) as usize] =
-                il::Code::encode(*kind, &order).expect("a packed line has a code");
+            let code = il::Code::encode(*kind, &order).expect("a packed line has a code");
+            il::write_code(&mut buf, line as u64, code);
             let lo = (h + line as u64) * LINE;
             for (slot, e) in members.iter().enumerate() {
                 let slot = slot as u8;
@@ -671,13 +669,13 @@ impl LeafFormat for Isle {
     }
 
     fn low<S: Space>(s: &S, leaf: u64) -> u64 {
-        s.load(leaf + il::LOW_OFF)
+        s.load(IsleLeaf::at(leaf).low_word())
     }
 
     fn split_in_place<S: Space>(s: &S, leaf: &LeafRef, new_off: u64, right: &[Slot]) {
         let (off, size) = (leaf.off, leaf.size);
         // The link publishes the new leaf and, by STALE, kills the moved pairs here.
-        let nw = off + il::NEXT_OFF;
+        let nw = IsleLeaf::at(off).next_word();
         s.store(nw, new_off | il::STALE);
         s.flush(nw, 8, points::NV_LINK_FLUSH);
         s.fence(points::NV_LINK_FENCE);

@@ -54,7 +54,7 @@ impl ValueRef {
             None => {
                 let (kl, vl) = crate::format::blob::lens(s.read_u64(words[1]));
                 ValueRef::Blob {
-                    off: words[1] + crate::format::blob::DATA_OFF + kl,
+                    off: crate::format::blob::value_at(words[1], kl),
                     len: vl,
                 }
             }

@@ -264,7 +264,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
         let off = alloc.alloc(space, node_size)?;
         L::build(space, off, node_size, 0, &[]);
         space.fence(points::NV_NEWLEAF_FENCE);
-        header::set_root(space, header::LEAF_HEAD_OFF, off);
+        header::set_root(space, header::leaf_head_word(), off);
         Ok(off)
     }
 

@@ -12,7 +12,7 @@ use super::mvcc::Clock;
 use super::LeafRef;
 use crate::format::blob;
 use crate::format::element::{element_key, element_value, encode, leaf_blob_ok, negate, validate_blob};
-use crate::format::leaf_nv::{self as nv, Layout, Meta, SealAt};
+use crate::format::leaf_nv::{self as nv, Layout, Meta, NvLeaf, SealAt};
 use crate::pmem::{points, Space, LINE};
 
 /// The NV-Tree leaf: unsorted, append-only, published by its count.
@@ -37,7 +37,7 @@ fn full_match<S: Space>(s: &S, layout: &Layout, i: u64, key: &[u8], kw: u64, at:
             key.len() > 8 && {
                 let b = s.read_u64(e + nv::E_BLOB) & nv::BLOB_MASK;
                 let (kl, _) = blob::lens(s.read_u64(b));
-                kl as usize == key.len() && blob_key_is(s, b + blob::DATA_OFF, key)
+                kl as usize == key.len() && blob_key_is(s, blob::key_at(b), key)
             }
         }
     };
@@ -121,19 +121,19 @@ impl LeafFormat for Nv {
     }
     #[inline]
     fn count<S: Space>(s: &S, leaf: u64) -> u64 {
-        s.load(leaf + nv::COUNT_OFF)
+        s.load(NvLeaf::at(leaf).count_word())
     }
     #[inline]
     fn next<S: Space>(s: &S, leaf: u64) -> u64 {
-        s.load(leaf + nv::NEXT_OFF)
+        s.load(NvLeaf::at(leaf).next_word())
     }
     #[inline]
     fn size<S: Space>(s: &S, leaf: u64) -> u64 {
-        s.load(leaf + nv::SIZE_OFF)
+        s.load(NvLeaf::at(leaf).size_word())
     }
     #[inline]
     fn next_word(leaf: u64) -> u64 {
-        leaf + nv::NEXT_OFF
+        NvLeaf::at(leaf).next_word()
     }
 
     fn layout_ok<S: Space>(s: &S, leaf: u64, size: u64, count: u64) -> bool {
@@ -195,7 +195,7 @@ impl LeafFormat for Nv {
         let layout = h.layout(leaf.off);
         let at = layout.elem(n);
         let leaf = leaf.off;
-        let stamp = s.read_u64(leaf + nv::STAMP_OFF);
+        let stamp = NvLeaf::at(leaf).stamp(s);
         let mut chain = layout.chain(s, n);
         let len = elems.len() * nv::ELEM_SIZE as usize;
         // Plain writes append one or two elements: no heap allocation.
@@ -249,7 +249,7 @@ impl LeafFormat for Nv {
         s.flush(at, len as u64, points::NV_ELEMENT_FLUSH);
         s.fence(points::NV_ELEMENT_FENCE);
         s.publish(
-            leaf + nv::COUNT_OFF,
+            NvLeaf::at(leaf).count_word(),
             n + elems.len() as u64,
             points::NV_COUNT_FLUSH,
             points::NV_COUNT_FENCE,
@@ -304,19 +304,18 @@ impl LeafFormat for Nv {
         let version = compact.iter().map(|e| e.version()).max().unwrap_or(0);
         let start = nv::full_start(compact.len() as u64);
         let used = start + full.len() as u64 * nv::ELEM_SIZE;
-        let mut buf = vec![0u8; used as usize];
-        let mut put = |o: u64, w: u64| buf[o as usize..][..8].copy_from_slice(&w.to_le_bytes());
-        put(nv::COUNT_OFF, elems.len() as u64);
-        put(nv::NEXT_OFF, next);
-        put(nv::SIZE_OFF, size);
-        put(nv::COMPACT_OFF, compact.len() as u64);
-        put(nv::COMPACT_VERSION_OFF, version);
-        let stamp = nv::fresh_stamp(leaf, s.read_u64(leaf + nv::STAMP_OFF));
-        put(nv::STAMP_OFF, stamp);
+        let mut img = nv::LeafImage::zeroed(used);
+        let stamp = nv::fresh_stamp(leaf, NvLeaf::at(leaf).stamp(s));
+        img.write_head(&nv::Head {
+            count: elems.len() as u64,
+            next,
+            size,
+            compact: compact.len() as u64,
+            compact_version: version,
+            stamp,
+        });
         for (j, e) in compact.iter().enumerate() {
-            let o = nv::ELEMS_OFF + j as u64 * nv::COMPACT_SIZE;
-            put(o + nv::C_KEY_WORD, e.words[0]);
-            put(o + nv::C_VALUE_WORD, e.words[2]);
+            img.write_compact(j as u64, e.words[0], e.words[2]);
         }
         let mut chain = [0, 0];
         for (j, e) in full.iter().enumerate() {
@@ -328,11 +327,9 @@ impl LeafFormat for Nv {
             };
             let sealed = nv::seal(e.words, false, &at);
             chain = [sealed[1], sealed[3]];
-            for (k, word) in sealed.iter().enumerate() {
-                put(start + j as u64 * nv::ELEM_SIZE + k as u64 * 8, *word);
-            }
+            img.write_full(start + j as u64 * nv::ELEM_SIZE, &sealed);
         }
-        s.write(leaf, &buf);
+        s.write(leaf, img.bytes());
         s.flush(leaf, used.max(LINE), points::NV_NEWLEAF_FLUSH);
     }
 
@@ -359,7 +356,7 @@ impl LeafFormat for Nv {
         if n < Self::capacity(leaf.size) {
             s.prefetch_write(layout.elem(n));
         }
-        s.prefetch_write(leaf.off + nv::COUNT_OFF);
+        s.prefetch_write(NvLeaf::at(leaf.off).count_word());
         // The old element's words, for its NEGATIVE twin.
         let old = match Self::lookup(s, leaf, n, key) {
             Lookup::Present(i) => Some(layout.words(s, i)),
@@ -416,8 +413,9 @@ impl LeafFormat for Nv {
     }
 
     fn lower_count<S: Space>(s: &S, leaf: u64, count: u64) {
-        s.store(leaf + nv::COUNT_OFF, count);
-        s.flush(leaf + nv::COUNT_OFF, 8, points::TXN_UNDO_FLUSH);
+        let w = NvLeaf::at(leaf).count_word();
+        s.store(w, count);
+        s.flush(w, 8, points::TXN_UNDO_FLUSH);
     }
 
     fn scan<S: Space>(s: &S, off: u64, committed: u64) -> std::result::Result<Scan, String> {
@@ -442,7 +440,7 @@ impl LeafFormat for Nv {
         }
         // A sealed leaf ends where its valid elements end; its count word
         // is behind (appends do not store it).
-        let stamp = s.read_u64(off + nv::STAMP_OFF);
+        let stamp = NvLeaf::at(off).stamp(s);
         let count = if stamp == 0 {
             count
         } else {
@@ -489,7 +487,7 @@ impl LeafFormat for Nv {
     }
 
     fn recovered<S: Space>(s: &S, off: u64, count: u64, undo: bool) -> bool {
-        let stamp = s.read_u64(off + nv::STAMP_OFF);
+        let stamp = NvLeaf::at(off).stamp(s);
         if undo && stamp != 0 {
             // The first element cut fails its check from now on (one
             // 8-byte store: its meta word with the check bits inverted):
@@ -512,17 +510,19 @@ impl LeafFormat for Nv {
         // leaf's count word is left as it is: its count lives in DRAM until
         // a clean shutdown persists it.
         if stamp == 0 && Self::count(s, off) != count {
-            s.store(off + nv::COUNT_OFF, count);
-            s.flush(off + nv::COUNT_OFF, 8, points::TXN_UNDO_FLUSH);
+            let w = NvLeaf::at(off).count_word();
+            s.store(w, count);
+            s.flush(w, 8, points::TXN_UNDO_FLUSH);
         }
         undo
     }
 
     fn settle<S: Space>(s: &S, leaf: &LeafRef) {
         let n = leaf.durable.load(Ordering::Acquire);
-        if s.read_u64(leaf.off + nv::STAMP_OFF) != 0 && Self::count(s, leaf.off) != n {
-            s.store(leaf.off + nv::COUNT_OFF, n);
-            s.flush(leaf.off + nv::COUNT_OFF, 8, points::SHUTDOWN_COUNTS_FLUSH);
+        if NvLeaf::at(leaf.off).stamp(s) != 0 && Self::count(s, leaf.off) != n {
+            let w = NvLeaf::at(leaf.off).count_word();
+            s.store(w, n);
+            s.flush(w, 8, points::SHUTDOWN_COUNTS_FLUSH);
         }
     }
 
@@ -566,11 +566,11 @@ impl LeafFormat for Nv {
                     m.is_some_and(|m| m.txn && m.version > ctx.committed)
                 })
         };
-        let sealed = s.read_u64(off + nv::STAMP_OFF) != 0;
+        let sealed = NvLeaf::at(off).stamp(s) != 0;
         if sealed {
             // The count word of a sealed leaf is written when the leaf is
             // built and at clean shutdown only; its valid elements decide.
-            let end = nv::valid_end(s, &layout, s.read_u64(off + nv::STAMP_OFF), Self::capacity(leaf.size));
+            let end = nv::valid_end(s, &layout, NvLeaf::at(off).stamp(s), Self::capacity(leaf.size));
             if end < n {
                 a.problems
                     .push(format!("leaf {off}: element {end} of {n} fails its check"));

@@ -244,9 +244,9 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
         // One atomic store swaps them in.
         let link = match idx.predecessor(f.pln, f.pos) {
             Some(p) => L::next_word(p.leaf.off),
-            None => header::LEAF_HEAD_OFF,
+            None => header::leaf_head_word(),
         };
-        let linked = if link == header::LEAF_HEAD_OFF {
+        let linked = if link == header::leaf_head_word() {
             offs[0]
         } else {
             L::relink(self.space.load(link), offs[0])
@@ -368,7 +368,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
         let in_bounds = |k: &[u8]| !low.covers(k) && high.covers(k);
         let ctx = super::leaf::AuditCtx {
             pool: header::pool_size(s),
-            committed: s.load(header::TXN_COMMIT_OFF),
+            committed: header::txn_committed(s),
             last_ts: self.clock.last(),
             in_bounds: &in_bounds,
         };

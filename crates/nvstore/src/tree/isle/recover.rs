@@ -9,7 +9,7 @@ pub(super) fn scan<S: Space>(s: &S, off: u64, _committed: u64) -> std::result::R
     // Everything read below (the codes, the successor's `low` a STALE
     // link names, every slot a code names with its blob) is checked
     // first: the leaf comes from media that may be damaged.
-    let data_start = s.load(header::DATA_START_OFF);
+    let data_start = header::data_start(s);
     let size = validate::isle_leaf(s, off, data_start).map_err(|d| d.what)?;
     let all = all_slots(s, off, size);
     let max_version = all
@@ -226,8 +226,8 @@ mod tests {
     /// and two general ones (line 1), one of them with its key in a blob.
     fn pool() -> SimSpace {
         let s = SimSpace::new(POOL);
-        s.store(header::POOL_SIZE_OFF, POOL);
-        s.store(header::DATA_START_OFF, DATA);
+        s.store(header::pool_size_word(), POOL);
+        s.store(header::data_start_word(), DATA);
         element::write_blob(&s, BLOB, LONG, b"v");
         let mut elems = vec![
             slot(b"aaaaaaaa", b"11111111", 0),
@@ -297,7 +297,7 @@ mod tests {
     fn size_word_beyond_the_pool() {
         let s = pool();
         for size in [1 << 62, u64::MAX, POOL, 0, 64, SIZE + 8] {
-            s.store(LEAF + il::SIZE_OFF, size);
+            s.store(IsleLeaf::at(LEAF).size_word(), size);
             assert!(scan_err(&s).contains("invalid size"), "size {size}");
             // What an instant open asks for before validating: no panic, no long loop.
             assert_eq!(Isle::count(&s, LEAF), u64::MAX, "size {size}");
@@ -313,7 +313,7 @@ mod tests {
             LEAF | il::STALE,
             64 | il::STALE,
         ] {
-            s.store(LEAF + il::NEXT_OFF, next);
+            s.store(IsleLeaf::at(LEAF).next_word(), next);
             assert!(scan_err(&s).contains("links to invalid"), "next {next:#x}");
             // The dead bound it names is not followed outside the pool.
             assert!(Isle::count(&s, LEAF) <= 4);
@@ -321,7 +321,7 @@ mod tests {
         // A STALE link to a sound successor drops the pairs at or above its low.
         let succ = DATA + 2048;
         Isle::build_with_low(&s, succ, SIZE, 0, &[], nv::key_word(b"cccccccc"));
-        s.store(LEAF + il::NEXT_OFF, succ | il::STALE);
+        s.store(IsleLeaf::at(LEAF).next_word(), succ | il::STALE);
         let sc = scan(&s, LEAF, 0).unwrap();
         assert_eq!(sc.live, 2, "pairs below the successor's low");
     }

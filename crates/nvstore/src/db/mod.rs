@@ -1,6 +1,5 @@
 //! The engine API (docs/design.md, "Layers"): open a pool, `get/put/delete/range/prefix`.
 
-use std::ops::{Bound as RB, ControlFlow, RangeBounds};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -8,14 +7,14 @@ use crate::alloc::Allocator;
 use crate::check::{self, CheckReport};
 use crate::error::{Error, Result};
 use crate::format::header::{self, EngineKind, Header, LeafKind, VERSION};
-use crate::hash::engine::{self as hash_engine, HashEngine, HashIter};
+use crate::hash::engine::{self as hash_engine, HashEngine};
 use crate::pmem::{FileSpace, FlushKind, OpenMode, Space};
 use crate::recovery::{self, Recovery, RecoveryKind};
 use crate::tree::adaptive::{self, Model, Strategy};
 use crate::tree::isle::Isle;
 use crate::tree::leaf::LeafFormat as _;
 use crate::tree::nv::Nv;
-use crate::tree::{RangeIter, SplitHook, Tree, TreeStats};
+use crate::tree::{SplitHook, Tree, TreeStats};
 
 /// Size of an allocation chunk; also the header's reserved area.
 pub const CHUNK_SIZE: u64 = 64 * 1024;
@@ -131,6 +130,13 @@ macro_rules! hooks {
     };
 }
 
+mod read;
+mod stat;
+
+pub(crate) use read::owned;
+pub use read::{prefix_bounds, CheckedIter, Iter};
+pub use stat::{LeafInfo, Stat};
+
 /// An open pool.
 pub struct Db<S: Space = FileSpace> {
     engine: Engine<S>,
@@ -139,68 +145,6 @@ pub struct Db<S: Space = FileSpace> {
     /// Whether the pool had been shut down cleanly when it was opened.
     was_clean: bool,
     closed: bool,
-}
-
-/// A leaf as [`Db::leaves`] reports it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
-pub struct LeafInfo {
-    /// Offset of the leaf in the pool.
-    pub offset: u64,
-    /// Its node size in bytes.
-    pub size_bytes: u64,
-    /// Elements appended to it (live, superseded and deletion markers).
-    pub elements: u64,
-}
-
-/// What `nvstore stat` reports.
-#[derive(Clone, Debug, serde::Serialize)]
-pub struct Stat {
-    pub path: String,
-    pub format_version: u32,
-    pub uuid: String,
-    pub size_bytes: u64,
-    pub used_bytes: u64,
-    pub mapping: &'static str,
-    pub flush: &'static str,
-    /// Whether the pool was cleanly shut down when this open found it.
-    pub clean_shutdown: bool,
-    /// "tree" or "hash".
-    pub engine: &'static str,
-    /// Tree pools: "nv" or "isle"; hash pools: "none".
-    pub leaf_format: &'static str,
-    /// Tree pools: the leaf size of new leaves; hash pools: 0.
-    pub node_size: u32,
-    pub keys: u64,
-    pub leaves: u64,
-    /// Hash pools: the global depth of the table's directory.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub hash_depth: Option<u32>,
-    pub last_recovery: Recovery,
-    pub splits: u64,
-    pub replaces: u64,
-    pub merges: u64,
-    pub rebuilds: u64,
-    pub rebuild_ms: f64,
-    /// Adaptivity: leaves rewritten larger / smaller than the leaf they
-    /// replaced, and parent-of-leaf nodes given a larger limit at rebuild.
-    pub leaves_enlarged: u64,
-    pub leaves_shrunk: u64,
-    pub hot_plns: u64,
-    /// Largest and mean leaf size in bytes (adaptivity changes them).
-    pub largest_leaf_bytes: u64,
-    pub mean_leaf_bytes: f64,
-    /// Newest commit timestamp visible now.
-    pub last_commit_ts: u64,
-    /// Timestamp of the oldest live snapshot (or transaction), if any:
-    /// leaf rewrites keep the versions it reads.
-    pub oldest_snapshot: Option<u64>,
-    /// Live snapshots and transactions.
-    pub snapshots: u64,
-    /// Transactions and write batches committed since open, those that
-    /// spanned several leaves, and commits refused for a conflict.
-    pub commits: u64,
-    pub multi_leaf_commits: u64,
-    pub conflicts: u64,
 }
 
 impl Db<FileSpace> {
@@ -437,170 +381,12 @@ impl<S: Space> Db<S> {
         with_tree!(self, t => t.adaptive.model(), _h => Model::default())
     }
 
-    /// Pool facts and engine counters.
-    pub fn stat(&self) -> Stat {
-        with_tree!(self, t => self.stat_of(t), h => self.stat_of_hash(h))
-    }
-
-    fn stat_of_hash(&self, h: &HashEngine<S>) -> Stat {
-        Stat {
-            path: h.path.display().to_string(),
-            format_version: self.header.version,
-            uuid: self.uuid(),
-            size_bytes: self.pool_size(),
-            used_bytes: self.used_bytes(),
-            mapping: self.space().mapping().as_str(),
-            flush: self.space().flush_kind().as_str(),
-            clean_shutdown: self.was_clean,
-            engine: EngineKind::Hash.as_str(),
-            leaf_format: "none",
-            node_size: 0,
-            keys: self.len(),
-            leaves: 0,
-            hash_depth: Some(h.table.depth()),
-            last_recovery: self.recovery,
-            // Segment splits of the table since open.
-            splits: h.table.splits(),
-            replaces: 0,
-            merges: 0,
-            rebuilds: 0,
-            rebuild_ms: 0.0,
-            leaves_enlarged: 0,
-            leaves_shrunk: 0,
-            hot_plns: 0,
-            largest_leaf_bytes: 0,
-            mean_leaf_bytes: 0.0,
-            last_commit_ts: 0,
-            oldest_snapshot: None,
-            snapshots: 0,
-            commits: 0,
-            multi_leaf_commits: 0,
-            conflicts: 0,
-        }
-    }
-
-    fn uuid(&self) -> String {
-        self.header.uuid.iter().map(|b| format!("{b:02x}")).collect()
-    }
-
-    fn stat_of<L: crate::tree::leaf::LeafFormat>(&self, tree: &Tree<S, L>) -> Stat {
-        use std::sync::atomic::Ordering::Relaxed;
-        let st = &tree.stats;
-        let ad = &tree.adaptive;
-        let sizes: Vec<u64> = (tree.index.load().entries().iter())
-            .filter(|e| e.leaf.off != 0)
-            .map(|e| e.leaf.size)
-            .collect();
-        Stat {
-            path: tree.path.display().to_string(),
-            format_version: self.header.version,
-            uuid: self.uuid(),
-            size_bytes: self.pool_size(),
-            used_bytes: self.used_bytes(),
-            mapping: self.space().mapping().as_str(),
-            flush: self.space().flush_kind().as_str(),
-            clean_shutdown: self.was_clean,
-            engine: EngineKind::Tree.as_str(),
-            leaf_format: self.header.leaf_format.as_str(),
-            node_size: self.header.node_size,
-            keys: self.len(),
-            leaves: sizes.len() as u64,
-            hash_depth: None,
-            last_recovery: self.recovery,
-            splits: st.splits.load(Relaxed),
-            replaces: st.replaces.load(Relaxed),
-            merges: st.merges.load(Relaxed),
-            rebuilds: st.rebuilds.load(Relaxed),
-            rebuild_ms: st.rebuild_ns.load(Relaxed) as f64 / 1e6,
-            leaves_enlarged: ad.enlarged.load(Relaxed),
-            leaves_shrunk: ad.shrunk.load(Relaxed),
-            hot_plns: ad.hot_plns.load(Relaxed),
-            largest_leaf_bytes: sizes.iter().copied().max().unwrap_or(0),
-            mean_leaf_bytes: sizes.iter().sum::<u64>() as f64 / sizes.len().max(1) as f64,
-            last_commit_ts: tree.clock.last(),
-            oldest_snapshot: tree.clock.oldest_snapshot(),
-            snapshots: tree.clock.snapshots() as u64,
-            commits: st.commits.load(Relaxed),
-            multi_leaf_commits: st.multi_leaf_commits.load(Relaxed),
-            conflicts: st.conflicts.load(Relaxed),
-        }
-    }
-
     pub(crate) fn writable(&self) -> Result<()> {
         if self.space().writable() {
             Ok(())
         } else {
             Err(Error::ReadOnly)
         }
-    }
-
-    /// The value stored for `key` (a copy: [`Db::get_with`] reads it in place).
-    pub fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
-        self.get_with(key, <[u8]>::to_vec)
-    }
-
-    /// Runs `f` on the value stored for `key` without copying it out of
-    /// the pool (no allocation): `Ok(None)` when `key` has no value.
-    /// `f` runs inside the read, which holds back the reclamation of
-    /// replaced values meanwhile, so keep it short and do not block in it.
-    ///
-    /// ```no_run
-    /// # let db = nvstore::Db::open("/dev/shm/doc.pool", nvstore::Options::default())?;
-    /// let len = db.get_with(b"user:1", |v| v.len())?;
-    /// let starts = db.get_with(b"user:1", |v| v.starts_with(b"{"))?.unwrap_or(false);
-    /// # Ok::<(), nvstore::Error>(())
-    /// ```
-    #[inline]
-    pub fn get_with<R>(&self, key: &[u8], f: impl FnOnce(&[u8]) -> R) -> Result<Option<R>> {
-        crate::tree::check_key(key)?;
-        with_tree!(self, t => t.get_with(key, f), h => Ok(h.get(key)?.map(|v| f(&v))))
-    }
-
-    /// Calls `f` on each pair with a key in `range`, in key order, lending
-    /// key and value without copying them, until `f` returns
-    /// [`ControlFlow::Break`]. The scan reads one leaf at a time (as
-    /// [`Db::range`] does) and `f` runs while that leaf's read is in
-    /// progress: keep it short. Stops at the first damaged leaf with its
-    /// [`Error::Corrupt`].
-    ///
-    /// ```no_run
-    /// # use std::ops::ControlFlow;
-    /// # let db = nvstore::Db::open("/dev/shm/doc.pool", nvstore::Options::default())?;
-    /// let mut bytes = 0;
-    /// db.range_with(&b"a"[..]..&b"b"[..], |_k, v| {
-    ///     bytes += v.len();
-    ///     ControlFlow::Continue(())
-    /// })?;
-    /// # Ok::<(), nvstore::Error>(())
-    /// ```
-    pub fn range_with<K: AsRef<[u8]>, R: RangeBounds<K>>(
-        &self,
-        range: R,
-        f: impl FnMut(&[u8], &[u8]) -> ControlFlow<()>,
-    ) -> Result<()> {
-        let (lo, hi) = owned_bounds(&range);
-        with_tree!(self, t => t.scan_with(lo, hi, false, u64::MAX, f), h => h.scan_with(lo, hi, false, f))
-    }
-
-    /// [`Db::range_with`] in reverse key order.
-    pub fn range_rev_with<K: AsRef<[u8]>, R: RangeBounds<K>>(
-        &self,
-        range: R,
-        f: impl FnMut(&[u8], &[u8]) -> ControlFlow<()>,
-    ) -> Result<()> {
-        let (lo, hi) = owned_bounds(&range);
-        with_tree!(self, t => t.scan_with(lo, hi, true, u64::MAX, f), h => h.scan_with(lo, hi, true, f))
-    }
-
-    /// [`Db::range_with`] over the pairs whose key starts with `prefix`.
-    pub fn prefix_with(&self, prefix: &[u8], f: impl FnMut(&[u8], &[u8]) -> ControlFlow<()>) -> Result<()> {
-        let (lo, hi) = prefix_bounds(prefix);
-        with_tree!(self, t => t.scan_with(lo, hi, false, u64::MAX, f), h => h.scan_with(lo, hi, false, f))
-    }
-
-    /// [`Db::range_with`] over every pair.
-    pub fn for_each(&self, f: impl FnMut(&[u8], &[u8]) -> ControlFlow<()>) -> Result<()> {
-        with_tree!(self, t => t.scan_with(RB::Unbounded, RB::Unbounded, false, u64::MAX, f), h => h.scan_with(RB::Unbounded, RB::Unbounded, false, f))
     }
 
     /// Stores `value` under `key`; durable when it returns.
@@ -613,52 +399,6 @@ impl<S: Space> Db<S> {
     pub fn delete(&self, key: &[u8]) -> Result<bool> {
         self.writable()?;
         with_tree!(self, t => t.delete(key), h => h.delete(key))
-    }
-
-    /// Pairs with keys in `range`, in key order.
-    pub fn range<K: AsRef<[u8]>, R: RangeBounds<K>>(&self, range: R) -> Iter<S> {
-        let (lo, hi) = owned_bounds(&range);
-        self.iter_over(lo, hi, false)
-    }
-
-    /// Pairs with keys in `range`, in reverse key order.
-    pub fn range_rev<K: AsRef<[u8]>, R: RangeBounds<K>>(&self, range: R) -> Iter<S> {
-        let (lo, hi) = owned_bounds(&range);
-        self.iter_over(lo, hi, true)
-    }
-
-    /// Every pair, in key order.
-    pub fn iter(&self) -> Iter<S> {
-        self.iter_over(RB::Unbounded, RB::Unbounded, false)
-    }
-
-    /// Pairs whose key starts with `prefix`, in key order.
-    pub fn prefix(&self, prefix: &[u8]) -> Iter<S> {
-        let (lo, hi) = prefix_bounds(prefix);
-        self.iter_over(lo, hi, false)
-    }
-
-    /// Pairs whose key starts with `prefix`, in reverse key order.
-    pub fn prefix_rev(&self, prefix: &[u8]) -> Iter<S> {
-        let (lo, hi) = prefix_bounds(prefix);
-        self.iter_over(lo, hi, true)
-    }
-
-    fn iter_over(&self, lo: RB<Vec<u8>>, hi: RB<Vec<u8>>, reverse: bool) -> Iter<S> {
-        match &self.engine {
-            Engine::Nv(t) => Iter::Nv(t.range(lo, hi, reverse)),
-            Engine::Isle(t) => Iter::Isle(t.range(lo, hi, reverse)),
-            Engine::Hash(h) => Iter::Hash(h.range(lo, hi, reverse)),
-        }
-    }
-
-    /// Number of keys.
-    pub fn len(&self) -> u64 {
-        with_tree!(self, t => t.len(), h => h.len())
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 
     /// Checks every leaf the index names against its format's rules
@@ -696,19 +436,6 @@ impl<S: Space> Db<S> {
     /// write batches work on it; otherwise `Error::Unsupported` saying why.
     pub fn supports_versions(&self) -> Result<()> {
         self.nv_tree().map(|_| ())
-    }
-
-    /// Every leaf the inner index routes to, in key order.
-    pub fn leaves(&self) -> Vec<LeafInfo> {
-        self.index_leaves()
-            .into_iter()
-            .filter(|&(off, _, _)| off != 0)
-            .map(|(offset, size_bytes, elements)| LeafInfo {
-                offset,
-                size_bytes,
-                elements,
-            })
-            .collect()
     }
 
     // Test hooks: the tree, its clock and counters, the raw space, the
@@ -835,89 +562,6 @@ impl<S: Space> Drop for Db<S> {
     fn drop(&mut self) {
         let _ = self.close_inner();
     }
-}
-
-/// A range iterator over a pool of any engine.
-pub enum Iter<S: Space> {
-    Nv(RangeIter<S, Nv>),
-    Isle(RangeIter<S, Isle>),
-    Hash(HashIter<S>),
-}
-
-/// As an `Iterator` of pairs, an `Iter` ends early at a damaged leaf and
-/// keeps the error ([`Iter::error`]); [`Iter::checked`] turns it into an
-/// iterator of `Result`s that yields that error once, then stops.
-impl<S: Space> Iterator for Iter<S> {
-    type Item = (Vec<u8>, Vec<u8>);
-    fn next(&mut self) -> Option<Self::Item> {
-        match self {
-            Iter::Nv(i) => i.next(),
-            Iter::Isle(i) => i.next(),
-            Iter::Hash(i) => i.next(),
-        }
-    }
-}
-
-impl<S: Space> Iter<S> {
-    /// The damage that ended the iteration early, if any.
-    pub fn error(&self) -> Option<&Error> {
-        match self {
-            Iter::Nv(i) => i.error(),
-            Iter::Isle(i) => i.error(),
-            Iter::Hash(_) => None,
-        }
-    }
-
-    /// The next pair, or the damage that stops the iteration (once).
-    pub fn next_checked(&mut self) -> Option<Result<(Vec<u8>, Vec<u8>)>> {
-        match self {
-            Iter::Nv(i) => i.next_checked(),
-            Iter::Isle(i) => i.next_checked(),
-            Iter::Hash(i) => i.next().map(Ok),
-        }
-    }
-
-    /// This iterator as one of `Result`s: every pair, then at most one
-    /// [`Error::Corrupt`] naming the damaged leaf, then nothing.
-    pub fn checked(self) -> CheckedIter<S> {
-        CheckedIter(self)
-    }
-}
-
-/// See [`Iter::checked`].
-pub struct CheckedIter<S: Space>(Iter<S>);
-
-impl<S: Space> Iterator for CheckedIter<S> {
-    type Item = Result<(Vec<u8>, Vec<u8>)>;
-    fn next(&mut self) -> Option<Self::Item> {
-        self.0.next_checked()
-    }
-}
-
-pub(crate) fn owned(b: RB<&impl AsRef<[u8]>>) -> RB<Vec<u8>> {
-    match b {
-        RB::Included(k) => RB::Included(k.as_ref().to_vec()),
-        RB::Excluded(k) => RB::Excluded(k.as_ref().to_vec()),
-        RB::Unbounded => RB::Unbounded,
-    }
-}
-
-fn owned_bounds<K: AsRef<[u8]>, R: RangeBounds<K>>(r: &R) -> (RB<Vec<u8>>, RB<Vec<u8>>) {
-    (owned(r.start_bound()), owned(r.end_bound()))
-}
-
-/// `[prefix, successor(prefix))`; unbounded above when the prefix is all 0xff.
-pub fn prefix_bounds(prefix: &[u8]) -> (RB<Vec<u8>>, RB<Vec<u8>>) {
-    let mut end = prefix.to_vec();
-    while let Some(&b) = end.last() {
-        if b == 0xff {
-            end.pop();
-        } else {
-            *end.last_mut().unwrap() += 1;
-            return (RB::Included(prefix.to_vec()), RB::Excluded(end));
-        }
-    }
-    (RB::Included(prefix.to_vec()), RB::Unbounded)
 }
 
 /// Path of a pool for messages.

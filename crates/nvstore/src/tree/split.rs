@@ -15,7 +15,7 @@ use super::collate::Slot;
 use super::index::{Bound, Entry, Found, Index, Pln};
 use super::leaf::LeafFormat;
 use super::{LeafRef, Tree};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::format::header;
 use crate::pmem::{points, Space};
 
@@ -64,6 +64,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
             &RB::Unbounded,
             &RB::Unbounded,
         );
+        self.keys_in_bounds(&leaf, &c.valid, &f.low, &f.high)?;
         // The minimal fill factor is half of this leaf's own capacity
         // (NV-Tree §4.4), whatever size adaptivity gave it.
         let min_fill = L::capacity(leaf.size) / 2;
@@ -156,6 +157,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
                     &RB::Unbounded,
                     &RB::Unbounded,
                 );
+                self.keys_in_bounds(&r.leaf, &rc.valid, &f.high, &r.max)?;
                 valid.extend(rc.valid); // every key of the right sibling is above the left's
                 dropped_blobs.extend(rc.dropped_blobs);
                 let r_next = L::next(&*self.space, r.leaf.off);
@@ -356,6 +358,30 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
         }
         self.stats.splits.fetch_add(1, Ordering::Relaxed);
         Ok(size)
+    }
+
+    /// The collated (key-ordered) elements of `leaf` lie above `low` and up
+    /// to `high`. A leaf's own checks know no bounds, so a damaged key word
+    /// that left them is caught here, before a rewrite carries it into a
+    /// leaf where no lookup would find it: the tree refuses writes from
+    /// then on, as for any damaged leaf.
+    fn keys_in_bounds(&self, leaf: &LeafRef, valid: &[Slot], low: &Bound, high: &Bound) -> Result<()> {
+        let outside = |e: &Slot| e.with_key(|k| low.covers(k) || !high.covers(k));
+        match valid.iter().take(1).chain(valid.last()).find(|e| outside(e)) {
+            None => Ok(()),
+            Some(e) => {
+                self.damaged.store(true, Ordering::Relaxed);
+                Err(Error::corrupt_at(
+                    &self.path,
+                    leaf.off,
+                    format!(
+                        "leaf at offset {} holds key {:?} outside its key range",
+                        leaf.off,
+                        String::from_utf8_lossy(&e.key())
+                    ),
+                ))
+            }
+        }
     }
 
     /// Test and debug builds: every invariant `check` audits holds for a

@@ -11,12 +11,12 @@ use nvstore_asym::apps::tatp::{self, subscriber_rows};
 use nvstore_asym::apps::{Outcome, SmallBank, Tatp};
 use nvstore_asym::structures::recover;
 use nvstore_asym::transport::SharedBackend;
-use nvstore_asym::{Fault, FaultyTransport, LocalTransport, Mode, Remote};
+use nvstore_asym::{LocalTransport, Mode, Remote};
 
 // Shared with the structure tests; `val` is theirs.
 #[allow(dead_code)]
 mod common;
-use common::{backend, opts, MODES};
+use common::{backend, doomed_writer, opts, MODES};
 
 type Balances = BTreeMap<u64, (i64, i64)>;
 
@@ -130,15 +130,7 @@ fn a_smallbank_writer_that_dies_is_recovered_exactly_once() {
         let (mut r, mut bank) = open_bank(&b, Mode::Rcb, 8, 64);
         bank.load(&mut r).unwrap();
         r.close().unwrap();
-        let fault = Fault {
-            kill_after: Some(kill_after),
-            ..Fault::default()
-        };
-        let mut r = Remote::open(
-            FaultyTransport::new(LocalTransport::new(b.clone()), fault),
-            opts(Mode::Rcb, 8),
-        )
-        .unwrap();
+        let mut r = doomed_writer(&b, kill_after);
         let mut bank = SmallBank::open(&mut r, "bank", 64).unwrap();
         let mut m = initial(64);
         let mut rng = rand::rngs::StdRng::seed_from_u64(kill_after);
@@ -261,15 +253,7 @@ fn a_tatp_writer_that_dies_is_recovered_exactly_once() {
         let mut r = Remote::open(LocalTransport::new(b.clone()), opts(Mode::Rcb, 8)).unwrap();
         Tatp::open(&mut r, "tatp", 60).unwrap().load(&mut r).unwrap();
         r.close().unwrap();
-        let fault = Fault {
-            kill_after: Some(kill_after),
-            ..Fault::default()
-        };
-        let mut r = Remote::open(
-            FaultyTransport::new(LocalTransport::new(b.clone()), fault),
-            opts(Mode::Rcb, 8),
-        )
-        .unwrap();
+        let mut r = doomed_writer(&b, kill_after);
         let mut db = Tatp::open(&mut r, "tatp", 60).unwrap();
         let mut rng = rand::rngs::StdRng::seed_from_u64(kill_after);
         let mut done = 0;

@@ -14,7 +14,7 @@ use nvstore_asym::transport::SharedBackend;
 use nvstore_asym::{Error, Fault, FaultyTransport, LocalTransport, Mode, Remote, RemoteOptions};
 
 mod common;
-use common::{backend, opts, val, MODES};
+use common::{backend, doomed_writer, opts, val, MODES};
 
 /// The two multi-version trees behind one interface.
 trait Mv: Replay + Send + 'static {
@@ -108,15 +108,7 @@ fn mv_bptree_agrees_with_a_model_in_every_mode_and_after_reopen() {
 fn dies_and_recovers<T: Mv>() {
     for kill_after in [19u64, 57, 133] {
         let b = backend();
-        let fault = Fault {
-            kill_after: Some(kill_after),
-            ..Fault::default()
-        };
-        let mut r = Remote::open(
-            FaultyTransport::new(LocalTransport::new(b.clone()), fault),
-            opts(Mode::Rcb, 8),
-        )
-        .unwrap();
+        let mut r = doomed_writer(&b, kill_after);
         let mut t = T::open(&mut r);
         let mut model = BTreeMap::new();
         let mut rng = rand::rngs::StdRng::seed_from_u64(kill_after);

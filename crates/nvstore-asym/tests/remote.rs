@@ -15,7 +15,7 @@ use nvstore_asym::wire::Status;
 use nvstore_asym::{Error, Fault, FaultyTransport, Layout, LocalTransport, Mode, Remote, RemoteOptions, Transport};
 
 mod common;
-use common::{backend, opts, val, MODES};
+use common::{backend, doomed_writer, opts, val, MODES};
 
 #[test]
 fn queue_and_stack_agree_with_a_model_in_every_mode_and_survive_reopen() {
@@ -80,15 +80,7 @@ fn round_trips_per_write_are_exact_in_each_mode() {
 fn a_writer_that_dies_is_recovered_exactly_once() {
     for kill_after in [9u64, 17, 40, 63] {
         let b = backend();
-        let fault = Fault {
-            kill_after: Some(kill_after),
-            ..Fault::default()
-        };
-        let mut r = Remote::open(
-            FaultyTransport::new(LocalTransport::new(b.clone()), fault),
-            opts(Mode::Rcb, 8),
-        )
-        .unwrap();
+        let mut r = doomed_writer(&b, kill_after);
         let mut q = Queue::open(&mut r, "q").unwrap();
         let mut model = VecDeque::new();
         let mut i = 0u64;
@@ -275,15 +267,7 @@ fn a_bptree_writer_that_dies_is_recovered_exactly_once() {
     use nvstore_asym::structures::BpTree;
     for kill_after in [30u64, 77] {
         let b = backend();
-        let fault = Fault {
-            kill_after: Some(kill_after),
-            ..Fault::default()
-        };
-        let mut r = Remote::open(
-            FaultyTransport::new(LocalTransport::new(b.clone()), fault),
-            opts(Mode::Rcb, 8),
-        )
-        .unwrap();
+        let mut r = doomed_writer(&b, kill_after);
         let mut t = BpTree::open(&mut r, "t").unwrap();
         let mut model = std::collections::BTreeMap::new();
         for i in 0.. {

@@ -9,10 +9,10 @@ use rand::{Rng, SeedableRng};
 use nvstore_asym::structures::hash::bucket_of;
 use nvstore_asym::structures::skiplist::height_of;
 use nvstore_asym::structures::{recover, BpTree, Bst, HashTable, SkipList};
-use nvstore_asym::{Fault, FaultyTransport, LocalTransport, Mode, Remote};
+use nvstore_asym::{LocalTransport, Mode, Remote};
 
 mod common;
-use common::{backend, opts, val, MODES};
+use common::{backend, doomed_writer, opts, val, MODES};
 
 /// The two structures behind one interface, for shared tests.
 trait Kv {
@@ -268,15 +268,7 @@ fn skiplist_round_trips_per_insert_are_exact_in_each_mode() {
 fn dies_and_recovers<T: Kv + nvstore_asym::structures::Replay>(open: fn(&mut Remote) -> T) {
     for kill_after in [25u64, 61, 140] {
         let b = backend();
-        let fault = Fault {
-            kill_after: Some(kill_after),
-            ..Fault::default()
-        };
-        let mut r = Remote::open(
-            FaultyTransport::new(LocalTransport::new(b.clone()), fault),
-            opts(Mode::Rcb, 8),
-        )
-        .unwrap();
+        let mut r = doomed_writer(&b, kill_after);
         let mut t = open(&mut r);
         let mut model = BTreeMap::new();
         let mut i = 0u64;

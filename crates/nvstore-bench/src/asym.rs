@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 use hdrhistogram::Histogram;
 use nvstore_asym::apps::{smallbank, tatp, Outcome, SmallBank, Tatp};
 use nvstore_asym::structures::{BpTree, Bst, HashTable, MvBpTree, MvBst, Queue, SkipList, Stack};
+use nvstore_asym::transport::Counters;
 use nvstore_asym::{Backend, Fault, FaultyTransport, Layout, Mode, Remote, RemoteOptions, TcpTransport, Transport};
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
@@ -76,6 +77,26 @@ pub struct AsymResult {
     /// Transactions whose condition failed (nothing written), with --app.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub aborted: Option<u64>,
+}
+
+impl AsymResult {
+    /// The figures of `ops` timed operations that took `secs` in all, used
+    /// the round trips and bytes in `d` and had the latencies in `hist`.
+    fn measured(structure: &str, mode: Mode, ops: u64, secs: f64, d: &Counters, hist: &Histogram<u64>) -> AsymResult {
+        let per = ops.max(1) as f64;
+        AsymResult {
+            app: None,
+            structure: structure.into(),
+            mode: mode.as_str().into(),
+            ops,
+            ops_per_sec: ops as f64 / secs,
+            round_trips_per_op: d.round_trips as f64 / per,
+            bytes_per_op: d.bytes() as f64 / per,
+            p50_ns: hist.value_at_quantile(0.5),
+            p99_ns: hist.value_at_quantile(0.99),
+            aborted: None,
+        }
+    }
 }
 
 /// Node bytes per item (for the cache percentage): list nodes are 80
@@ -203,19 +224,7 @@ fn run_on(a: &AsymArgs, mode: Mode, addr: SocketAddr) -> Result<AsymResult, Stri
     let secs = t0.elapsed().as_secs_f64();
     let d = r.counters().since(&start_counters);
     r.close().map_err(e)?;
-    let ops = a.ops.max(1) as f64;
-    Ok(AsymResult {
-        app: None,
-        structure: a.structure.clone(),
-        mode: mode.as_str().into(),
-        ops: a.ops,
-        ops_per_sec: a.ops as f64 / secs,
-        round_trips_per_op: d.round_trips as f64 / ops,
-        bytes_per_op: d.bytes() as f64 / ops,
-        p50_ns: hist.value_at_quantile(0.5),
-        p99_ns: hist.value_at_quantile(0.99),
-        aborted: None,
-    })
+    Ok(AsymResult::measured(&a.structure, mode, a.ops, secs, &d, &hist))
 }
 
 /// A front-end over TCP, with `--delay-us` if asked.
@@ -304,18 +313,11 @@ fn run_app(a: &AsymArgs, app: &str, mode: Mode, addr: SocketAddr) -> Result<Asym
     let secs = t0.elapsed().as_secs_f64();
     let d = r.counters().since(&start_counters);
     r.close().map_err(e)?;
-    let ops = a.ops.max(1) as f64;
+    let structure = if app == "smallbank" { "hash" } else { "bptree" };
     Ok(AsymResult {
         app: Some(app.into()),
-        structure: if app == "smallbank" { "hash" } else { "bptree" }.into(),
-        mode: mode.as_str().into(),
-        ops: a.ops,
-        ops_per_sec: a.ops as f64 / secs,
-        round_trips_per_op: d.round_trips as f64 / ops,
-        bytes_per_op: d.bytes() as f64 / ops,
-        p50_ns: hist.value_at_quantile(0.5),
-        p99_ns: hist.value_at_quantile(0.99),
         aborted: Some(aborted),
+        ..AsymResult::measured(structure, mode, a.ops, secs, &d, &hist)
     })
 }
 

@@ -21,6 +21,8 @@ const KEYS: u64 = 512;
 enum Op {
     Put(Vec<u8>, Vec<u8>),
     Del(Vec<u8>),
+    /// `Db::update`: writes only over a key that exists.
+    Update(Vec<u8>, Vec<u8>),
     Get(Vec<u8>),
     Range(RB<Vec<u8>>, RB<Vec<u8>>, bool),
     Prefix(Vec<u8>),
@@ -47,6 +49,7 @@ fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         10 => (key(KEYS), value()).prop_map(|(k, v)| Op::Put(k, v)),
         4 => key(KEYS).prop_map(Op::Del),
+        3 => (key(KEYS), value()).prop_map(|(k, v)| Op::Update(k, v)),
         3 => key(KEYS).prop_map(Op::Get),
         2 => (bound(KEYS), bound(KEYS), any::<bool>()).prop_map(|(a, b, r)| Op::Range(a, b, r)),
         1 => proptest::collection::vec(0u8..4, 0..3).prop_map(Op::Prefix),
@@ -100,6 +103,13 @@ fn run(engine: EngineKind, ops: Vec<Op>) {
                 m.insert(k, v);
             }
             Op::Del(k) => assert_eq!(db.delete(&k).unwrap(), m.remove(&k).is_some()),
+            Op::Update(k, v) => {
+                let had = m.contains_key(&k);
+                assert_eq!(db.update(&k, &v).unwrap(), had);
+                if had {
+                    m.insert(k, v);
+                }
+            }
             Op::Get(k) => assert_eq!(db.get(&k).unwrap(), m.get(&k).cloned()),
             Op::Range(lo, hi, rev) => {
                 let got: Vec<_> = if rev {

@@ -25,6 +25,8 @@ type Pairs = Vec<(Vec<u8>, Vec<u8>)>;
 enum Op {
     Put(Vec<u8>, Vec<u8>),
     Del(Vec<u8>),
+    /// `Db::update`: writes only over a key that exists.
+    Update(Vec<u8>, Vec<u8>),
     Get(Vec<u8>),
     /// Bounds, reverse, and how many pairs to take before breaking.
     Range(RB<Vec<u8>>, RB<Vec<u8>>, bool, Option<usize>),
@@ -45,6 +47,7 @@ fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         10 => (key(KEYS), value()).prop_map(|(k, v)| Op::Put(k, v)),
         3 => key(KEYS).prop_map(Op::Del),
+        3 => (key(KEYS), value()).prop_map(|(k, v)| Op::Update(k, v)),
         4 => key(KEYS).prop_map(Op::Get),
         2 => (bound(KEYS), bound(KEYS), any::<bool>(), proptest::option::of(0usize..20))
             .prop_map(|(a, b, r, t)| Op::Range(a, b, r, t)),
@@ -92,6 +95,13 @@ fn run<S: Space>(db: &Db<S>, ops: &[Op]) {
             Op::Del(k) => {
                 db.delete(k).unwrap();
                 m.remove(k);
+            }
+            Op::Update(k, v) => {
+                let had = m.contains_key(k);
+                assert_eq!(db.update(k, v).unwrap(), had);
+                if had {
+                    m.insert(k.clone(), v.clone());
+                }
             }
             Op::Get(k) => {
                 let want = m.get(k).cloned();
@@ -254,6 +264,29 @@ fn transaction_reads_with_see_own_writes_over_the_snapshot() {
                 Err(e) => panic!("commit: {e}"),
             }
         }
+    }
+}
+
+#[test]
+fn an_update_of_an_absent_key_writes_nothing() {
+    let dir = pool_dir();
+    for leaf in [LeafKind::Nv, LeafKind::Isle] {
+        let db = Db::create(dir.path().join(format!("u{leaf:?}.nvs")), opts(leaf)).unwrap();
+        db.put(b"there", b"old").unwrap();
+        let used = db.used_bytes();
+        // A value large enough for a blob: the blob written ahead of the
+        // leaf is freed again when the key turns out absent.
+        assert!(!db.update(b"absent", &vec![7u8; 5000]).unwrap());
+        assert!(!db.update(b"absent", b"small").unwrap());
+        assert_eq!(db.get(b"absent").unwrap(), None);
+        assert_eq!(db.used_bytes(), used, "{leaf:?}");
+        assert!(db.update(b"there", &vec![8u8; 5000]).unwrap());
+        assert_eq!(db.get(b"there").unwrap(), Some(vec![8u8; 5000]));
+        assert!(db.update(b"there", b"new").unwrap());
+        assert_eq!(db.get(b"there").unwrap(), Some(b"new".to_vec()));
+        let report = db.check();
+        assert!(report.ok, "{leaf:?}: {:?}", report.problems);
+        assert_eq!(report.keys, 1);
     }
 }
 

@@ -129,18 +129,9 @@ impl<S: Space> BenchIndex for TreeEngine<S> {
     }
     fn update(&self, key: u64, value: u64) -> bool {
         let k = self.key(key);
-        if self
-            .db
-            .get_with(k.bytes(), |_| ())
-            .expect("key size is valid")
-            .is_none()
-        {
-            return false;
-        }
         self.db
-            .put(k.bytes(), &value.to_le_bytes())
-            .unwrap_or_else(|e| panic!("{}: put failed: {e}", self.name));
-        true
+            .update(k.bytes(), &value.to_le_bytes())
+            .unwrap_or_else(|e| panic!("{}: update failed: {e}", self.name))
     }
     fn delete(&self, key: u64) -> bool {
         let k = self.key(key);

@@ -395,6 +395,15 @@ impl<S: Space> Db<S> {
         with_tree!(self, t => t.put(key, value), h => h.put(key, value))
     }
 
+    /// Replaces the value of `key` only if it exists (`SET key value XX`):
+    /// returns whether it did; writes nothing when the key is absent.
+    /// Durable when it returns. On a tree pool the check and the write
+    /// are one descent of the tree, cheaper than `get` then `put`.
+    pub fn update(&self, key: &[u8], value: &[u8]) -> Result<bool> {
+        self.writable()?;
+        with_tree!(self, t => t.update(key, value), h => h.update(key, value))
+    }
+
     /// Removes `key`; returns whether it was there. Durable when it returns.
     pub fn delete(&self, key: &[u8]) -> Result<bool> {
         self.writable()?;

@@ -120,6 +120,17 @@ impl<S: Space> HashEngine<S> {
         Ok(())
     }
 
+    /// Writes only over a key that exists (the ordered index already holds it).
+    pub fn update(&self, key: &[u8], value: &[u8]) -> Result<bool> {
+        crate::tree::check_sizes(key, value)?;
+        let _w = self.writer.lock();
+        if self.table.get(key).is_none() {
+            return Ok(false);
+        }
+        self.table.put(key, value)?;
+        Ok(true)
+    }
+
     pub fn delete(&self, key: &[u8]) -> Result<bool> {
         crate::tree::check_key(key)?;
         let _w = self.writer.lock();

@@ -528,13 +528,24 @@ impl LeafFormat for Isle {
         })
     }
 
-    fn upsert<S: Space>(s: &S, leaf: &LeafRef, key: &[u8], value: &[u8], blob: u64, clock: &Clock) -> Written {
+    fn upsert<S: Space>(
+        s: &S,
+        leaf: &LeafRef,
+        key: &[u8],
+        value: &[u8],
+        blob: u64,
+        existing: bool,
+        clock: &Clock,
+    ) -> Written {
         if moved(leaf, nv::key_word(key)) {
             return Written::Moved;
         }
         let (off, size) = (leaf.off, leaf.size);
         let cs = codes(s, off, size);
         let old = find(s, off, size, &cs, key);
+        if existing && old.is_none() {
+            return Written::Absent;
+        }
         let compact = is_compact(key, value);
         if let Some(o) = old.filter(|o| o.kind == Kind::Compact && compact) {
             // The paper's update: one atomic store of the value word.

@@ -190,7 +190,17 @@ pub trait LeafFormat: Send + Sync + 'static {
 
     /// Inserts or updates `key` (the caller holds the leaf lock and checked
     /// it is not dead); durable and visible when it returns `Done`.
-    fn upsert<S: Space>(s: &S, leaf: &LeafRef, key: &[u8], value: &[u8], blob: u64, clock: &Clock) -> Written;
+    /// With `existing`, writes only over a key the leaf holds, and answers
+    /// [`Written::Absent`] (having written nothing) when it holds none.
+    fn upsert<S: Space>(
+        s: &S,
+        leaf: &LeafRef,
+        key: &[u8],
+        value: &[u8],
+        blob: u64,
+        existing: bool,
+        clock: &Clock,
+    ) -> Written;
 
     /// Elements a write takes in a leaf, for the adaptive profile: an
     /// insert appends one, an update two (a NEGATIVE and the new element,
@@ -256,6 +266,8 @@ pub enum Written {
     Full,
     /// The key has moved to another leaf: route again.
     Moved,
+    /// An update of a key the leaf does not hold: nothing written.
+    Absent,
 }
 
 /// Outcome of [`LeafFormat::remove`].

@@ -69,6 +69,10 @@ pub struct LeafRef {
     /// in place); a reader or writer that routed here with an older index
     /// routes again.
     pub high: AtomicU64,
+    /// Set once `verdict` is known sound: the check every lookup makes
+    /// reads this word on the handle's first line, not the verdict three
+    /// lines further on.
+    pub checked: AtomicBool,
     /// Lookup hints of an nv leaf (fingerprints), DRAM only.
     pub hints: std::sync::OnceLock<hints::Hints>,
     /// Whether the leaf passed [`LeafFormat::validate`] (`None`) or what
@@ -95,6 +99,7 @@ impl LeafRef {
             lock: Mutex::new(()),
             seq: AtomicU64::new(0),
             high: AtomicU64::new(u64::MAX),
+            checked: AtomicBool::new(false),
             counters: LeafCounters::default(),
             hints: std::sync::OnceLock::new(),
             verdict: std::sync::OnceLock::new(),
@@ -105,8 +110,22 @@ impl LeafRef {
     pub fn built(off: u64, size: u64, count: u64) -> LeafRef {
         let l = LeafRef::with(off, size, count);
         let _ = l.verdict.set(None);
+        l.checked.store(true, Ordering::Relaxed);
         l
     }
+}
+
+/// What one attempt of a point write came to, decided while the leaf was
+/// borrowed from its PLN.
+enum Step {
+    /// The leaf has no room: split (or rewrite) it, then try again.
+    Full,
+    /// The leaf was replaced or split meanwhile: route again.
+    Again,
+    /// An update found no such key: nothing written.
+    Absent,
+    /// Written and durable; `changed` says whether the key count moved.
+    Done { changed: bool, freed: Option<u64> },
 }
 
 /// Counters of structural work.
@@ -192,12 +211,23 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
     /// writes from then on.
     #[inline]
     pub fn sound(&self, leaf: &LeafRef) -> Result<()> {
+        if leaf.checked.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        self.sound_slow(leaf)
+    }
+
+    #[cold]
+    fn sound_slow(&self, leaf: &LeafRef) -> Result<()> {
         let verdict = match leaf.verdict.get() {
             Some(v) => v,
             None => leaf.verdict.get_or_init(|| self.validate(leaf)),
         };
         match verdict {
-            None => Ok(()),
+            None => {
+                leaf.checked.store(true, Ordering::Release);
+                Ok(())
+            }
             Some(d) => {
                 self.damaged.store(true, Ordering::Relaxed);
                 Err(Error::corrupt_at(&self.path, d.off, d.what.clone()))
@@ -323,9 +353,21 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
 
     /// Inserts or updates. Durable when it returns.
     pub fn put(&self, key: &[u8], value: &[u8]) -> Result<()> {
+        self.write(key, value, false).map(|_| ())
+    }
+
+    /// Replaces the value of a key that exists, in one descent; writes
+    /// nothing and answers false when the key is absent. Durable when it
+    /// returns.
+    pub fn update(&self, key: &[u8], value: &[u8]) -> Result<bool> {
+        self.write(key, value, true)
+    }
+
+    /// [`Tree::put`], or with `existing` [`Tree::update`]: whether the key
+    /// was there before.
+    fn write(&self, key: &[u8], value: &[u8], existing: bool) -> Result<bool> {
         check_sizes(key, value)?;
         self.writable_tree()?;
-        self.sound(&self.index.load().find_leaf(key))?;
         let blob = match element::blob_size(key, value) {
             Some(sz) => {
                 let off = self.alloc.alloc(&*self.space, sz)?;
@@ -334,35 +376,57 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
             }
             None => 0,
         };
+        let unblob = |e: Error| {
+            if blob != 0 {
+                self.alloc.free(blob);
+            }
+            e
+        };
         loop {
             let guard = epoch::pin();
-            let leaf = self.index.load().find_leaf(key);
-            let lk = leaf.lock.lock();
-            if leaf.dead.load(Ordering::Acquire) {
-                continue;
-            }
-            match L::upsert(&*self.space, &leaf, key, value, blob, &self.clock) {
-                Written::Full => {
-                    drop(lk);
-                    drop(guard);
-                    if let Err(e) = self.split(key) {
-                        if blob != 0 {
-                            self.alloc.free(blob);
-                        }
-                        return Err(e);
-                    }
-                    continue;
+            // The leaf is borrowed from its PLN for the whole write (no
+            // reference-count traffic on its handle), and routing happens
+            // once: the soundness check rides on the same lookup.
+            let step = self.index.load().with_leaf(key, |leaf| -> Result<Step> {
+                self.sound(leaf)?;
+                let _lk = leaf.lock.lock();
+                if leaf.dead.load(Ordering::Acquire) {
+                    return Ok(Step::Again);
                 }
-                Written::Moved => continue,
-                Written::Done { inserted, freed } => {
-                    self.adaptive.wrote(&leaf.counters, L::appended(inserted), 1);
-                    drop(lk);
-                    if inserted {
+                Ok(
+                    match L::upsert(&*self.space, leaf, key, value, blob, existing, &self.clock) {
+                        Written::Full => Step::Full,
+                        Written::Moved => Step::Again,
+                        Written::Absent => Step::Absent,
+                        Written::Done { inserted, freed } => {
+                            self.adaptive.wrote(&leaf.counters, L::appended(inserted), 1);
+                            Step::Done {
+                                changed: inserted,
+                                freed,
+                            }
+                        }
+                    },
+                )
+            });
+            match step.map_err(unblob)? {
+                Step::Full => {
+                    drop(guard);
+                    self.split(key).map_err(unblob)?;
+                }
+                Step::Again => {}
+                Step::Absent => {
+                    if blob != 0 {
+                        self.alloc.free(blob);
+                    }
+                    return Ok(false);
+                }
+                Step::Done { changed, freed } => {
+                    if changed {
                         self.keys.fetch_add(1, Ordering::Relaxed);
                     }
                     self.retire_blob(freed, &guard);
                     self.space.op_boundary();
-                    return Ok(());
+                    return Ok(!changed);
                 }
             }
         }
@@ -372,27 +436,41 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
     pub fn delete(&self, key: &[u8]) -> Result<bool> {
         check_key(key)?;
         self.writable_tree()?;
-        self.sound(&self.index.load().find_leaf(key))?;
         loop {
             let guard = epoch::pin();
-            let leaf = self.index.load().find_leaf(key);
-            let lk = leaf.lock.lock();
-            if leaf.dead.load(Ordering::Acquire) {
-                continue;
-            }
-            match L::remove(&*self.space, &leaf, key, &self.clock) {
-                Removed::Full => {
-                    drop(lk);
+            let mut low = false;
+            let step = self.index.load().with_leaf(key, |leaf| -> Result<Step> {
+                self.sound(leaf)?;
+                let _lk = leaf.lock.lock();
+                if leaf.dead.load(Ordering::Acquire) {
+                    return Ok(Step::Again);
+                }
+                Ok(match L::remove(&*self.space, leaf, key, &self.clock) {
+                    Removed::Full => Step::Full,
+                    Removed::Moved => Step::Again,
+                    Removed::Done { existed, freed } => {
+                        if existed {
+                            self.adaptive.wrote(&leaf.counters, 1, 1);
+                            low =
+                                L::SPLITS_IN_PLACE && leaf.durable.load(Ordering::Relaxed) < L::capacity(leaf.size) / 4;
+                        }
+                        Step::Done {
+                            changed: existed,
+                            freed,
+                        }
+                    }
+                })
+            })?;
+            match step {
+                Step::Full => {
                     drop(guard);
                     self.split(key)?;
-                    continue;
                 }
-                Removed::Moved => continue,
-                Removed::Done { existed, freed } => {
-                    if existed {
-                        self.adaptive.wrote(&leaf.counters, 1, 1);
-                    }
-                    drop(lk);
+                Step::Again | Step::Absent => {}
+                Step::Done {
+                    changed: existed,
+                    freed,
+                } => {
                     if existed {
                         self.keys.fetch_sub(1, Ordering::Relaxed);
                     }
@@ -401,10 +479,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
                     // Deletes free room in formats that remove in place: a
                     // leaf below a quarter full merges with its right
                     // sibling (Isle-Tree §IV-D), under the structure lock.
-                    if L::SPLITS_IN_PLACE
-                        && existed
-                        && leaf.durable.load(Ordering::Relaxed) < L::capacity(leaf.size) / 4
-                    {
+                    if low {
                         // A merge that cannot allocate changes nothing: the
                         // delete stands either way.
                         let structure = self.structure.lock();

@@ -348,7 +348,15 @@ impl LeafFormat for Nv {
         })
     }
 
-    fn upsert<S: Space>(s: &S, leaf: &LeafRef, key: &[u8], value: &[u8], blob: u64, clock: &Clock) -> Written {
+    fn upsert<S: Space>(
+        s: &S,
+        leaf: &LeafRef,
+        key: &[u8],
+        value: &[u8],
+        blob: u64,
+        existing: bool,
+        clock: &Clock,
+    ) -> Written {
         let n = leaf.durable.load(Ordering::Relaxed);
         let layout = cached_layout(s, leaf);
         // The lines the append will write (the next element's and the
@@ -360,6 +368,7 @@ impl LeafFormat for Nv {
         // The old element's words, for its NEGATIVE twin.
         let old = match Self::lookup(s, leaf, n, key) {
             Lookup::Present(i) => Some(layout.words(s, i)),
+            Lookup::Absent if existing => return Written::Absent,
             Lookup::Absent => None,
         };
         let need = if old.is_some() { 2 } else { 1 };

@@ -252,6 +252,13 @@ impl Remote {
         self.opts.mode
     }
 
+    /// Sequence number the next operation log gets: after a failover, an
+    /// operation whose log would have had number `n` was logged if the new
+    /// back-end's `op_next` is past `n`.
+    pub fn op_next(&self) -> u64 {
+        self.op_next
+    }
+
     pub fn hello(&self) -> &HelloInfo {
         &self.hello
     }

@@ -130,6 +130,8 @@ enum Cmd {
     Serve(nvstore_server::ServeArgs),
     /// Run an AsymNVM back-end on a pool: front-ends reach it over TCP (README, "Disaggregated memory").
     Backend(nvstore_asym::cli::BackendArgs),
+    /// Run an AsymNVM mirror: a replica of a back-end's pool, kept in sync by the back-end (AsymNVM §7).
+    Mirror(nvstore_asym::cli::MirrorArgs),
 }
 
 #[derive(Subcommand, Debug)]
@@ -374,6 +376,7 @@ fn main() {
         Cmd::Bench(b) => bench(b),
         Cmd::Serve(a) => nvstore_server::serve(a.into_config()).map_err(Fail::error),
         Cmd::Backend(a) => nvstore_asym::cli::run(&a).map_err(Fail::error),
+        Cmd::Mirror(a) => nvstore_asym::cli::run_mirror(&a).map_err(Fail::error),
     };
     if let Err(f) = r {
         if !f.msg.is_empty() {

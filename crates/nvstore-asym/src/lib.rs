@@ -23,6 +23,8 @@ pub mod apps;
 pub mod backend;
 pub mod cache;
 pub mod cli;
+pub mod failbench;
+pub mod failover;
 pub mod mirror;
 
 pub mod points;

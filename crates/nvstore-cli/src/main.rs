@@ -150,6 +150,8 @@ enum BenchCmd {
     Asym(nvstore_bench::AsymArgs),
     /// KVS B+Tree index §3: N inserts then N random gets of SHA-1 keys, values of 1..1024 sectors, sync against async, index overhead.
     Kvindex(nvstore_bench::KvIndexArgs),
+    /// AsymNVM failover: etcd, a primary, a mirror and a writing front-end; the primary is killed; every acknowledged write must survive exactly once.
+    Failover(nvstore_asym::failbench::FailoverArgs),
 }
 
 const LOAD_HELP: &str = "\
@@ -397,6 +399,12 @@ fn bench(b: BenchCmd) -> CmdResult {
         BenchCmd::Plot(a) => nvstore_bench::plot_main(a, &mut out).map(|_| ()),
         BenchCmd::Kvindex(a) => nvstore_bench::kvindex_main(a, &mut out).map(|_| ()),
         BenchCmd::Asym(a) => return nvstore_bench::asym_main(a, &mut out).map(|_| ()).map_err(Fail::error),
+        BenchCmd::Failover(a) => {
+            let exe = std::env::current_exe().map_err(|e| Fail::error(e.to_string()))?;
+            return nvstore_asym::failbench::main(a, &exe, &mut out)
+                .map(|_| ())
+                .map_err(Fail::error);
+        }
     };
     r.map_err(|e| Fail::error(e.to_string()))
 }

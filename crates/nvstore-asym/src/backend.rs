@@ -247,6 +247,9 @@ pub struct Backend<S: Space> {
     /// Successful state-changing verbs and their replies since the last
     /// [`Backend::take_journal`], when journaling (a primary with mirrors).
     journal: Option<Vec<(Verb, Reply)>>,
+    /// The "replicated up to" mark a primary with asynchronous mirrors
+    /// answers `repl_mark` with; `None`: every logged operation counts.
+    repl_mark: Option<u64>,
 }
 
 impl Backend<FileSpace> {
@@ -359,6 +362,7 @@ impl<S: Space> Backend<S> {
                 ..Default::default()
             },
             journal: None,
+            repl_mark: None,
         };
         b.scan_ops();
         if let Some((op_applied, logs)) = b.read_tx(state.next_txid) {
@@ -517,6 +521,7 @@ impl<S: Space> Backend<S> {
                 _ => Err((Code::Locked, format!("{name:?} is not held by {owner}"))),
             },
             Verb::SeqRead => Ok(Reply::Word(self.sn)),
+            Verb::ReplMark => Ok(Reply::Word(self.repl_mark.unwrap_or(self.op_next))),
         };
         self.space.op_boundary();
         let r = r.unwrap_or_else(|(c, m)| Reply::Err(c, m));
@@ -529,6 +534,11 @@ impl<S: Space> Backend<S> {
     }
 
     // ------------------------------------------------------------ replication
+
+    /// Sets the mark `repl_mark` answers (operation logs below it are on every mirror).
+    pub fn set_repl_mark(&mut self, mark: Option<u64>) {
+        self.repl_mark = mark;
+    }
 
     /// Starts (or stops) recording state-changing verbs for mirrors.
     pub fn set_journal(&mut self, on: bool) {
@@ -1066,7 +1076,12 @@ impl<S: Space> Backend<S> {
 fn changes_state(v: &Verb) -> bool {
     !matches!(
         v,
-        Verb::Hello | Verb::Read { .. } | Verb::OpLogRead { .. } | Verb::NameGet { .. } | Verb::SeqRead
+        Verb::Hello
+            | Verb::Read { .. }
+            | Verb::OpLogRead { .. }
+            | Verb::NameGet { .. }
+            | Verb::SeqRead
+            | Verb::ReplMark
     )
 }
 

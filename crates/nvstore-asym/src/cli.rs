@@ -11,7 +11,7 @@ use parking_lot::Mutex;
 
 use crate::backend::{Backend, Layout};
 use crate::failover::{Claim, Cluster, Partition, POLL};
-use crate::mirror::{self, Node, Role, Stop};
+use crate::mirror::{self, Node, Replication, Role, Stop};
 use crate::server;
 use crate::transport::SharedBackend;
 
@@ -30,6 +30,11 @@ pub struct BackendArgs {
     /// Size of a new pool, e.g. 256M.
     #[arg(long, default_value = "256M", value_parser = parse_size)]
     pub size: u64,
+    /// sync: answer a write once every mirror has it durable; async: answer
+    /// at once (front-ends keep operation logs until the "replicated up to"
+    /// mark passes them).
+    #[arg(long, value_enum, default_value = "sync")]
+    pub replication: Replication,
     #[command(flatten)]
     pub cluster: ClusterArgs,
 }
@@ -107,7 +112,7 @@ pub fn run(a: &BackendArgs) -> Result<(), String> {
             ""
         },
     );
-    let node = Node::primary(&a.pool, b);
+    let node = Node::primary(&a.pool, b).with_replication(a.replication);
     if let (Some(c), Some((id, started))) = (&cluster, lease) {
         c.keep_alive(id, node.lease(), started);
     }

@@ -9,6 +9,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use crate::failover::{node_args, ClusterWriter, EtcdProc, NodeProc, Partition, TempDir};
+use crate::mirror::Replication;
 use crate::remote::{Mode, RemoteOptions};
 use crate::structures::Queue;
 use crate::{Error, Result};
@@ -25,6 +26,9 @@ pub struct FailoverArgs {
     /// Keep writing this long after the first write the new primary acknowledges.
     #[arg(long, default_value_t = 200)]
     pub write_after_ms: u64,
+    /// How the primary waits for its mirror.
+    #[arg(long, value_enum, default_value = "sync")]
+    pub replication: Replication,
 }
 
 /// What a run measured.
@@ -37,6 +41,8 @@ pub struct FailoverReport {
     pub failover_ms: u64,
     /// Unacknowledged writes (in flight at the kill) found in the queue.
     pub unacked_present: u64,
+    /// Acknowledged writes the new primary lacked, run again from the front-end's log (async).
+    pub resent: u64,
 }
 
 const QUEUE: &str = "bench";
@@ -54,6 +60,9 @@ pub fn run(a: &FailoverArgs, exe: &Path) -> Result<FailoverReport> {
     let (cluster, partition) = ("bench", 0);
     let mut pargs = node_args("backend", &dir.0.join("primary.pool"), &etcd.url, cluster, partition);
     pargs.extend(["--size".to_string(), "16M".to_string()]);
+    if a.replication == Replication::Async {
+        pargs.extend(["--replication".to_string(), "async".to_string()]);
+    }
     let primary = NodeProc::spawn(exe, &pargs)?;
     primary.ready_addr(Duration::from_secs(15))?;
     let margs = node_args("mirror", &dir.0.join("mirror.pool"), &etcd.url, cluster, partition);
@@ -107,6 +116,7 @@ pub fn run(a: &FailoverArgs, exe: &Path) -> Result<FailoverReport> {
         }
     }
     mirror.wait_for("promoted", Duration::from_secs(1))?;
+    let resent = w.resent();
     let r = w.remote();
     r.flush()?;
     let mut count: HashMap<u64, u64> = HashMap::new();
@@ -127,6 +137,7 @@ pub fn run(a: &FailoverArgs, exe: &Path) -> Result<FailoverReport> {
         duplicate_writes: duplicate,
         failover_ms,
         unacked_present,
+        resent,
     })
 }
 
@@ -147,9 +158,16 @@ pub fn main(a: &FailoverArgs, exe: &Path, out: &mut dyn Write) -> std::result::R
         w(
             out,
             format!(
-                "failover: primary killed after {} ms; {} writes acknowledged, {} lost, {} duplicated; \
-                 failover took {} ms; {} unacknowledged writes landed",
-                a.kill_after_ms, r.acked_writes, r.lost_writes, r.duplicate_writes, r.failover_ms, r.unacked_present
+                "failover ({:?}): primary killed after {} ms; {} writes acknowledged, {} lost, {} duplicated; \
+                 failover took {} ms; {} unacknowledged writes landed; {} acknowledged writes resent from the front-end's log",
+                a.replication,
+                a.kill_after_ms,
+                r.acked_writes,
+                r.lost_writes,
+                r.duplicate_writes,
+                r.failover_ms,
+                r.unacked_present,
+                r.resent
             ),
         )?;
     }

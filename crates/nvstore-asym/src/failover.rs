@@ -16,6 +16,9 @@
 //!   structure (the operation logs the new primary holds are re-executed
 //!   exactly once) and sends again the one operation it had no answer for,
 //!   unless the new primary's operation-log sequence shows it was logged.
+//!   With asynchronous mirrors it first runs again the acknowledged
+//!   operations it kept (above the "replicated up to" mark) that the new
+//!   primary lacks.
 //! - Fencing: a front-end refuses a primary whose epoch is lower than the
 //!   one etcd names; a mirror refuses a primary older than the one it
 //!   copies; a primary stops serving as soon as its lease may have expired
@@ -215,6 +218,7 @@ pub struct ClusterWriter {
     /// Longest a failover may take before an operation fails.
     pub failover_timeout: Duration,
     failovers: u64,
+    resent: u64,
 }
 
 impl ClusterWriter {
@@ -222,18 +226,26 @@ impl ClusterWriter {
     /// for a primary to appear).
     pub fn connect(url: &str, part: Partition, opts: RemoteOptions, timeout: Duration) -> Result<ClusterWriter> {
         let mut cluster = Cluster::connect(url, part)?;
-        let remote = open_on_primary(&mut cluster, &opts, Instant::now() + timeout)?;
+        let mut remote = open_on_primary(&mut cluster, &opts, Instant::now() + timeout)?;
+        remote.retain_ops(true);
         Ok(ClusterWriter {
             cluster,
             opts,
             remote,
             failover_timeout: timeout,
             failovers: 0,
+            resent: 0,
         })
     }
 
     pub fn remote(&mut self) -> &mut Remote {
         &mut self.remote
+    }
+
+    /// Acknowledged operations run again after a failover because the new
+    /// primary had not received them (asynchronous mirrors).
+    pub fn resent(&self) -> u64 {
+        self.resent
     }
 
     /// Failovers this writer went through.
@@ -278,11 +290,20 @@ impl ClusterWriter {
         deadline: Instant,
     ) -> Result<()> {
         self.failovers += 1;
+        let kept = self.remote.retained_ops();
         loop {
             let mut r = open_on_primary(&mut self.cluster, &self.opts, deadline)?;
-            let done = reopen(&mut r).and_then(|mut ns| structures::recover(&mut r, &mut ns).map(|_| ns));
+            r.retain_ops(true);
+            let done = reopen(&mut r).and_then(|mut ns| {
+                structures::recover(&mut r, &mut ns)?;
+                // Acknowledged operations the new primary never received
+                // (asynchronous mirrors): run again, in order, as new ones.
+                let n = resend_kept(&mut r, &mut ns, &kept)?;
+                Ok((ns, n))
+            });
             match done {
-                Ok(ns) => {
+                Ok((ns, n)) => {
+                    self.resent += n;
                     *s = ns;
                     self.remote = r;
                     return Ok(());
@@ -292,6 +313,22 @@ impl ClusterWriter {
             }
         }
     }
+}
+
+/// After a failover (and [`structures::recover`]): runs again, in order and
+/// as new operations, the kept operation logs (`Remote::retained_ops` of the
+/// old writer) the new primary never received: those at or above its
+/// `op_next` (a mirror holds a prefix of the primary's batches). Returns how many.
+pub fn resend_kept<S: Replay>(r: &mut Remote, s: &mut S, kept: &[(u64, Vec<u8>)]) -> Result<u64> {
+    let from = r.hello().op_next;
+    let mut n = 0;
+    for (_, op) in kept.iter().filter(|(seq, op)| *seq >= from && !op.is_empty()) {
+        r.begin(op);
+        s.redo(r, op)?;
+        r.commit()?;
+        n += 1;
+    }
+    Ok(n)
 }
 
 /// Opens a writer on the primary etcd names, refusing one whose epoch is

@@ -26,7 +26,7 @@ use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use nvstore::pmem::file::FileOptions;
@@ -182,9 +182,26 @@ impl Lease {
     }
 }
 
+/// How a primary waits for its mirrors.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum Replication {
+    /// A frame is answered once every mirror has its batch durable.
+    #[default]
+    Sync,
+    /// A frame is answered at once; `repl_mark` tells front-ends which
+    /// operation logs every mirror has, and they keep the others.
+    Async,
+}
+
 struct Link {
-    stream: TcpStream,
     peer: SocketAddr,
+    /// Sync: the primary sends and waits on the stream itself.
+    stream: Option<TcpStream>,
+    /// Async: batches go to the link's sender thread.
+    tx: Option<mpsc::Sender<(u64, Arc<Vec<u8>>)>>,
+    /// Last batch the mirror acknowledged.
+    acked: Arc<AtomicU64>,
+    dead: Arc<AtomicBool>,
 }
 
 /// A back-end node on a pool file: a primary with mirrors, or a mirror.
@@ -202,6 +219,10 @@ pub struct Node {
     source: u64,
     /// Mirror: full copies received.
     copies: u64,
+    mode: Replication,
+    /// Primary: `(batch, op_next after it)`, to turn acknowledged batches
+    /// into the "replicated up to" mark (async).
+    marks: VecDeque<(u64, u64)>,
     lease: Arc<Lease>,
 }
 
@@ -232,6 +253,8 @@ impl Node {
             seq: 0,
             source: 0,
             copies: 0,
+            mode: Replication::Sync,
+            marks: VecDeque::new(),
             lease: Arc::new(Lease::default()),
         };
         n.backend.as_mut().unwrap().set_journal(true);
@@ -251,6 +274,8 @@ impl Node {
             seq: 0,
             source: 0,
             copies: 0,
+            mode: Replication::Sync,
+            marks: VecDeque::new(),
             lease: Arc::new(Lease::default()),
         };
         if path.exists() {
@@ -264,6 +289,12 @@ impl Node {
             }
         }
         n
+    }
+
+    /// Sets how the primary waits for its mirrors.
+    pub fn with_replication(mut self, mode: Replication) -> Node {
+        self.mode = mode;
+        self
     }
 
     pub fn role(&self) -> Role {
@@ -331,27 +362,51 @@ impl Node {
     }
 
     /// Sends the batch of state-changing verbs the last frame ran to every
-    /// mirror and waits for each acknowledgement; drops a mirror that fails.
+    /// mirror. Sync: waits for each acknowledgement and drops a mirror that
+    /// fails. Async: hands it to each mirror's sender thread.
     fn replicate(&mut self, j: Vec<(Verb, Reply)>) {
         self.seq += 1;
-        let m = batch_msg(self.epoch(), self.seq, j);
+        let m = Arc::new(batch_msg(self.epoch(), self.seq, j));
         let seq = self.seq;
-        self.mirrors.retain_mut(
-            |l| match send(&mut l.stream, &m).and_then(|_| wait_ack(&mut l.stream, seq)) {
+        if let Some(b) = &self.backend {
+            self.marks.push_back((seq, b.op_next()));
+        }
+        self.mirrors.retain_mut(|l| {
+            let r = match (&mut l.stream, &l.tx) {
+                (Some(st), _) => send(st, &m).and_then(|_| wait_ack(st, seq)).map_err(|e| e.to_string()),
+                (None, Some(tx)) if !l.dead.load(Ordering::SeqCst) => {
+                    tx.send((seq, m.clone())).map_err(|_| "sender gone".to_string())
+                }
+                _ => Err("sender failed".to_string()),
+            };
+            match r {
                 Ok(()) => true,
                 Err(e) => {
                     eprintln!("nvstore backend: mirror {} dropped: {e}", l.peer);
                     false
                 }
-            },
-        );
+            }
+        });
         self.backlog_bytes += m.len();
-        self.backlog.push_back((seq, m));
+        self.backlog.push_back((seq, m.to_vec()));
         while self.backlog_bytes > BACKLOG_BYTES {
             let Some((_, old)) = self.backlog.pop_front() else {
                 break;
             };
             self.backlog_bytes -= old.len();
+        }
+    }
+
+    /// Async: operation logs below this are durable on every mirror.
+    fn repl_mark(&mut self) -> Option<u64> {
+        self.mirrors.retain(|l| !l.dead.load(Ordering::SeqCst));
+        let low = self.mirrors.iter().map(|l| l.acked.load(Ordering::SeqCst)).min()?;
+        while self.marks.len() > 1 && self.marks[1].0 <= low {
+            self.marks.pop_front();
+        }
+        match self.marks.front() {
+            Some(&(b, op_next)) if b <= low => Some(op_next),
+            _ => Some(0),
         }
     }
 
@@ -399,7 +454,36 @@ impl Node {
                 self.seq
             );
         }
-        self.mirrors.push(Link { stream, peer });
+        let acked = Arc::new(AtomicU64::new(self.seq));
+        let dead = Arc::new(AtomicBool::new(false));
+        if self.marks.back().is_none_or(|m| m.0 < self.seq) {
+            self.marks.push_back((self.seq, b.op_next()));
+        }
+        let (stream, tx) = match self.mode {
+            Replication::Sync => (Some(stream), None),
+            Replication::Async => {
+                let (tx, rx) = mpsc::channel::<(u64, Arc<Vec<u8>>)>();
+                let (a2, d2) = (acked.clone(), dead.clone());
+                std::thread::spawn(move || {
+                    for (seq, m) in rx {
+                        if let Err(e) = send(&mut stream, &m).and_then(|_| wait_ack(&mut stream, seq)) {
+                            eprintln!("nvstore backend: mirror {peer} dropped: {e}");
+                            d2.store(true, Ordering::SeqCst);
+                            return;
+                        }
+                        a2.store(seq, Ordering::SeqCst);
+                    }
+                });
+                (None, Some(tx))
+            }
+        };
+        self.mirrors.push(Link {
+            peer,
+            stream,
+            tx,
+            acked,
+            dead,
+        });
         Ok(())
     }
 }
@@ -418,9 +502,14 @@ impl FrameHandler for Node {
         if self.role != Role::Primary || !self.lease.holds() {
             return self.refuse(frame);
         }
+        let mark = match self.mode {
+            Replication::Sync => None,
+            Replication::Async => self.repl_mark(),
+        };
         let Some(b) = self.backend.as_mut() else {
             return self.refuse(frame);
         };
+        b.set_repl_mark(mark);
         let resp = b.handle_frame(frame);
         let j = b.take_journal();
         if !j.is_empty() {

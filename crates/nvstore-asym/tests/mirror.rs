@@ -12,7 +12,9 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use nvstore::pmem::Space;
-use nvstore_asym::mirror::{follow, Node, Stop};
+use nvstore_asym::failover::resend_kept;
+use nvstore_asym::mirror::{follow, Node, Replication, Stop};
+use nvstore_asym::structures::recover;
 use nvstore_asym::structures::Queue;
 use nvstore_asym::transport::SharedBackend;
 use nvstore_asym::{server, Backend, Layout, Mode, Remote, RemoteOptions, TcpTransport};
@@ -31,12 +33,20 @@ fn opts() -> RemoteOptions {
 
 /// A primary node on `path`, served on a free loopback port.
 fn primary(path: &Path) -> (Arc<Mutex<Node>>, SocketAddr) {
+    primary_with(path, Replication::Sync)
+}
+
+fn primary_with(path: &Path, mode: Replication) -> (Arc<Mutex<Node>>, SocketAddr) {
     let b = Backend::open_file(path, POOL, Layout::default_for(POOL)).unwrap();
-    let node = Arc::new(Mutex::new(Node::primary(path, b)));
+    let node = Arc::new(Mutex::new(Node::primary(path, b).with_replication(mode)));
+    (node.clone(), serve(node))
+}
+
+fn serve(node: Arc<Mutex<Node>>) -> SocketAddr {
     let (l, addr) = server::bind("127.0.0.1:0".parse().unwrap()).unwrap();
-    let shared: SharedBackend = node.clone();
+    let shared: SharedBackend = node;
     std::thread::spawn(move || server::serve(l, shared));
-    (node, addr)
+    addr
 }
 
 struct Follower {
@@ -170,4 +180,55 @@ fn a_mirror_restarted_on_its_pool_resumes_without_a_copy() {
     assert_eq!(m.node.lock().copies(), 0);
     assert_replica(&p, &m.node);
     stop(m);
+}
+
+#[test]
+fn async_front_ends_keep_what_the_mirror_lacks_and_resend_it_after_a_failover() {
+    let dir = tempfile::tempdir().unwrap();
+    let (p, addr) = primary_with(&dir.path().join("p.pool"), Replication::Async);
+    let m = mirror_on(Arc::new(Mutex::new(Node::mirror(&dir.path().join("m.pool")))), addr);
+    let mut r = Remote::open(TcpTransport::connect(addr).unwrap(), opts()).unwrap();
+    r.retain_ops(true);
+    let mut q = Queue::open(&mut r, "q").unwrap();
+    enqueue(&mut r, &mut q, 0..40);
+    // The mirror keeps up: the mark passes the kept logs (up to the last frame's).
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while r.retained_ops().len() > 1 {
+        assert!(std::time::Instant::now() < deadline, "the mark never advanced");
+        enqueue(&mut r, &mut q, 1000..1001);
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let ok: Vec<u64> = (0..40).chain([1000]).collect();
+    let extra = q.items(&mut r).unwrap().len() as u64 - 40;
+
+    // The mirror stalls (its pool is busy) and then loses its link: the
+    // primary acknowledges 60 writes it never applies.
+    let stalled = m.node.lock();
+    enqueue(&mut r, &mut q, 40..100);
+    assert!(r.retained_ops().len() >= 50, "{} kept", r.retained_ops().len());
+    m.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    drop(stalled);
+    let mnode = stop(m);
+    drop(p); // the primary is gone for this front-end
+
+    // The mirror takes over; the writer recovers and resends what it lacks.
+    let kept = r.retained_ops();
+    let epoch = mnode.lock().epoch() + 10;
+    mnode.lock().promote(epoch).unwrap();
+    let maddr = serve(mnode.clone());
+    let mut r2 = Remote::open(TcpTransport::connect(maddr).unwrap(), opts()).unwrap();
+    let mut q2 = Queue::open(&mut r2, "q").unwrap();
+    recover(&mut r2, &mut q2).unwrap();
+    let lacked = (r.op_next() - r2.hello().op_next) as usize;
+    assert!(lacked > 0, "the mirror had everything: the test proves nothing");
+    let n = resend_kept(&mut r2, &mut q2, &kept).unwrap();
+    assert_eq!(n as usize, lacked);
+    r2.flush().unwrap();
+    let mut keys: Vec<u64> = q2.items(&mut r2).unwrap().into_iter().map(|(k, _)| k).collect();
+    assert_eq!(keys.len() as u64, 100 + extra);
+    keys.sort();
+    keys.dedup();
+    let mut want: Vec<u64> = ok.into_iter().chain(40..100).collect();
+    want.sort();
+    assert_eq!(keys, want, "every acknowledged write once");
 }

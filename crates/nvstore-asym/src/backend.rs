@@ -38,6 +38,13 @@ const ENTRY: u64 = 64;
 const OP_HDR: u64 = 16;
 const OP_WRAP: u32 = u32::MAX;
 const TX_HDR: u64 = 24;
+/// Replication words (not replicated: each node keeps its own). The epoch of
+/// the primary a mirror copies, and the last replication batch it applied
+/// (with [`DIRTY`] set while a batch or a full copy is being applied).
+pub const REPL_SOURCE_OFF: u64 = 136;
+pub const REPL_SEQ_OFF: u64 = 144;
+/// Set in the applied-batch word while a batch or copy is half applied.
+pub const DIRTY: u64 = 1 << 63;
 
 /// Sizes of the back-end's areas.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -237,6 +244,12 @@ pub struct Backend<S: Space> {
     free_slabs: u64,
     sessions: HashMap<u64, Session>,
     report: OpenReport,
+    /// Successful state-changing verbs and their replies since the last
+    /// [`Backend::take_journal`], when journaling (a primary with mirrors).
+    journal: Option<Vec<(Verb, Reply)>>,
+    /// The "replicated up to" mark a primary with asynchronous mirrors
+    /// answers `repl_mark` with; `None`: every logged operation counts.
+    repl_mark: Option<u64>,
 }
 
 impl Backend<FileSpace> {
@@ -348,6 +361,8 @@ impl<S: Space> Backend<S> {
                 epoch,
                 ..Default::default()
             },
+            journal: None,
+            repl_mark: None,
         };
         b.scan_ops();
         if let Some((op_applied, logs)) = b.read_tx(state.next_txid) {
@@ -506,9 +521,93 @@ impl<S: Space> Backend<S> {
                 _ => Err((Code::Locked, format!("{name:?} is not held by {owner}"))),
             },
             Verb::SeqRead => Ok(Reply::Word(self.sn)),
+            Verb::ReplMark => Ok(Reply::Word(self.repl_mark.unwrap_or(self.op_next))),
         };
         self.space.op_boundary();
-        r.unwrap_or_else(|(c, m)| Reply::Err(c, m))
+        let r = r.unwrap_or_else(|(c, m)| Reply::Err(c, m));
+        if let Some(j) = self.journal.as_mut() {
+            if changes_state(v) && !matches!(r, Reply::Err(..)) {
+                j.push((v.clone(), r.clone()));
+            }
+        }
+        r
+    }
+
+    // ------------------------------------------------------------ replication
+
+    /// Sets the mark `repl_mark` answers (operation logs below it are on every mirror).
+    pub fn set_repl_mark(&mut self, mark: Option<u64>) {
+        self.repl_mark = mark;
+    }
+
+    /// Starts (or stops) recording state-changing verbs for mirrors.
+    pub fn set_journal(&mut self, on: bool) {
+        self.journal = on.then(Vec::new);
+    }
+
+    /// The state-changing verbs run since the last call, with their replies.
+    pub fn take_journal(&mut self) -> Vec<(Verb, Reply)> {
+        self.journal.as_mut().map(std::mem::take).unwrap_or_default()
+    }
+
+    /// Applies a verb a primary ran (a mirror): the same verb on the same
+    /// state gives the same reply, which is checked; `malloc` takes the
+    /// primary's slabs rather than searching (its search hint is volatile).
+    pub fn apply_replicated(&mut self, v: &Verb, expect: &Reply) -> Result<()> {
+        let got = match (v, expect) {
+            (Verb::Malloc { slabs }, Reply::Word(addr)) => self.malloc_at(*addr, *slabs),
+            _ => self.verb(v),
+        };
+        if &got != expect {
+            return Err(Error::Protocol(format!(
+                "replica diverged: {v:?} answered {got:?}, the primary {expect:?}"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Takes `slabs` free slabs at `addr` (a mirror repeating a primary's malloc).
+    fn malloc_at(&mut self, addr: u64, slabs: u32) -> Reply {
+        let first = match self.slab_index(addr, slabs) {
+            Ok(f) => f,
+            Err((c, m)) => return Reply::Err(c, m),
+        };
+        let n = slabs as u64;
+        if (first..first + n).any(|i| self.bit(i)) {
+            return Reply::Err(Code::Invalid, format!("slabs at {addr} are already allocated"));
+        }
+        for j in first..first + n {
+            self.set_bit(j, true);
+        }
+        self.flush_bits(first, n, P::BITMAP_FLUSH);
+        self.space.fence(P::BITMAP_FENCE);
+        self.free_slabs -= n;
+        self.alloc_hint = first + n;
+        self.space.op_boundary();
+        Reply::Word(addr)
+    }
+
+    /// Raises the epoch to `epoch` (a node that becomes primary takes the
+    /// epoch it claimed in the cluster); durable when it returns. Every
+    /// session of the lower epoch is then stale.
+    pub fn raise_epoch(&mut self, epoch: u64) {
+        if epoch > self.epoch {
+            self.space.publish(EPOCH_OFF, epoch, P::EPOCH_FLUSH, P::EPOCH_FENCE);
+            self.epoch = epoch;
+            self.report.epoch = epoch;
+            self.space.op_boundary();
+        }
+    }
+
+    /// The replication words: the primary epoch this pool copies and the
+    /// last batch applied (`DIRTY` set if one was left half applied).
+    pub fn repl_words(&self) -> (u64, u64) {
+        (self.space.load(REPL_SOURCE_OFF), self.space.load(REPL_SEQ_OFF))
+    }
+
+    /// Persists the replication words (a mirror, before and after each batch).
+    pub fn set_repl_words(&self, source: u64, seq: u64) {
+        set_repl_words(&self.space, source, seq);
     }
 
     // ------------------------------------------------------------ verbs
@@ -971,6 +1070,28 @@ impl<S: Space> Backend<S> {
             _ => unreachable!(),
         }
     }
+}
+
+/// Whether a verb can change the pool (what a mirror must repeat).
+fn changes_state(v: &Verb) -> bool {
+    !matches!(
+        v,
+        Verb::Hello
+            | Verb::Read { .. }
+            | Verb::OpLogRead { .. }
+            | Verb::NameGet { .. }
+            | Verb::SeqRead
+            | Verb::ReplMark
+    )
+}
+
+/// Persists a node's replication words: the source epoch first, then the
+/// applied-batch word (one atomic 8-byte store).
+pub fn set_repl_words<S: Space>(s: &S, source: u64, seq: u64) {
+    if s.load(REPL_SOURCE_OFF) != source {
+        s.publish(REPL_SOURCE_OFF, source, P::MIRROR_SEQ_FLUSH, P::MIRROR_SEQ_FENCE);
+    }
+    s.publish(REPL_SEQ_OFF, seq, P::MIRROR_SEQ_FLUSH, P::MIRROR_SEQ_FENCE);
 }
 
 /// Writes `data` at `addr` with aligned 8-byte words as atomic stores where

@@ -23,6 +23,9 @@ pub mod apps;
 pub mod backend;
 pub mod cache;
 pub mod cli;
+pub mod failbench;
+pub mod failover;
+pub mod mirror;
 
 pub mod points;
 pub mod remote;
@@ -76,6 +79,9 @@ pub enum Error {
     /// A read section was overtaken `attempts` times in a row and gave up.
     #[error("read gave up after {attempts} attempts overtaken by writes")]
     Contended { attempts: u32 },
+    /// The cluster service (etcd) failed or refused.
+    #[error("cluster: {0}")]
+    Cluster(String),
 }
 
 impl Error {

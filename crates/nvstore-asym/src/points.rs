@@ -42,4 +42,10 @@ points! {
     /// A plain `write` or `cas` verb into the data area.
     WRITE_FLUSH = "asym.write.flush";
     WRITE_FENCE = "asym.write.fence";
+    /// A mirror's replication words (source epoch, last applied batch, dirty bit).
+    MIRROR_SEQ_FLUSH = "asym.mirror.seq.flush";
+    MIRROR_SEQ_FENCE = "asym.mirror.seq.fence";
+    /// A mirror's full copy of its primary's pool, before the words that make it clean.
+    MIRROR_COPY_FLUSH = "asym.mirror.copy.flush";
+    MIRROR_COPY_FENCE = "asym.mirror.copy.fence";
 }

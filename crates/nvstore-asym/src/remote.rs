@@ -160,6 +160,9 @@ pub struct Remote {
     reader: bool,
     section: Option<Section>,
     read_retries: u64,
+    /// Keep each operation log until the back-end's "replicated up to" mark
+    /// passes it (a primary with asynchronous mirrors): `Some(logs)`.
+    retained: Option<VecDeque<(u64, Vec<u8>)>>,
 }
 
 /// The read section in progress.
@@ -228,6 +231,7 @@ impl Remote {
             reader,
             section: None,
             read_retries: 0,
+            retained: None,
         })
     }
 
@@ -250,6 +254,26 @@ impl Remote {
 
     pub fn mode(&self) -> Mode {
         self.opts.mode
+    }
+
+    /// Sequence number the next operation log gets: after a failover, an
+    /// operation whose log would have had number `n` was logged if the new
+    /// back-end's `op_next` is past `n`.
+    pub fn op_next(&self) -> u64 {
+        self.op_next
+    }
+
+    /// Keeps every operation log (rcb) until the back-end's "replicated up
+    /// to" mark passes it: each operation-log frame also asks for the mark
+    /// (`repl_mark`, no extra round trip). After a failover to a mirror that
+    /// had not received them, [`Remote::retained_ops`] are run again.
+    pub fn retain_ops(&mut self, on: bool) {
+        self.retained = on.then(VecDeque::new);
+    }
+
+    /// Operation logs `(seq, payload)` not yet known to be on every mirror, oldest first.
+    pub fn retained_ops(&self) -> Vec<(u64, Vec<u8>)> {
+        self.retained.iter().flatten().cloned().collect()
     }
 
     pub fn hello(&self) -> &HelloInfo {
@@ -563,6 +587,7 @@ impl Remote {
                 let full = self.batch_ops >= self.opts.batch
                     || self.batch_since.is_some_and(|t| t.elapsed() >= self.opts.flush_after)
                     || self.pending_bytes as u64 * 2 > self.hello.data_len.min(4 << 20);
+                let kept = self.retained.is_some().then(|| payload.clone());
                 let mut verbs = vec![Verb::OpLog { payload }];
                 if full {
                     verbs.push(Verb::TxWrite {
@@ -570,7 +595,18 @@ impl Remote {
                         logs: self.take_logs(),
                     });
                 }
+                if kept.is_some() {
+                    verbs.push(Verb::ReplMark);
+                }
                 let replies = self.client.post(&verbs)?;
+                if let (Some(p), Some(r)) = (kept, self.retained.as_mut()) {
+                    r.push_back((seq, p));
+                    if let Some(Reply::Word(mark)) = replies.last() {
+                        while r.front().is_some_and(|(s, _)| s < mark) {
+                            r.pop_front();
+                        }
+                    }
+                }
                 match &replies[0] {
                     Reply::Word(s) if *s == seq => {}
                     Reply::Err(Code::LogFull, _) if !full => {

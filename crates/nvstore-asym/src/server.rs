@@ -27,6 +27,17 @@ pub fn serve(listener: TcpListener, backend: SharedBackend) -> std::io::Result<(
                 let codec = LengthDelimitedCodec::builder().max_frame_length(MAX_FRAME).new_codec();
                 let mut framed = Framed::new(stream, codec);
                 while let Some(Ok(frame)) = framed.next().await {
+                    if crate::mirror::is_subscribe(&frame) {
+                        // A mirror: hand its connection to the node, off the runtime.
+                        let Ok(std) = framed.into_inner().into_std() else {
+                            return;
+                        };
+                        if std.set_nonblocking(false).is_ok() {
+                            let _ =
+                                tokio::task::spawn_blocking(move || backend.lock().attach_mirror(&frame, std)).await;
+                        }
+                        return;
+                    }
                     let resp = backend.lock().handle_frame(&frame);
                     if framed.send(Bytes::from(resp)).await.is_err() {
                         break;

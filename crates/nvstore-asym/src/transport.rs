@@ -39,6 +39,10 @@ impl Transport for Box<dyn Transport> {
 /// Anything that answers request frames (a back-end).
 pub trait FrameHandler: Send {
     fn handle_frame(&mut self, frame: &[u8]) -> Vec<u8>;
+
+    /// A mirror subscribed on `stream` with `subscribe` (see `mirror`):
+    /// a handler that keeps no mirrors closes the stream.
+    fn attach_mirror(&mut self, _subscribe: &[u8], _stream: std::net::TcpStream) {}
 }
 
 impl<S: nvstore::pmem::Space> FrameHandler for crate::Backend<S> {

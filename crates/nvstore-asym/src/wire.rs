@@ -71,10 +71,14 @@ pub enum Verb {
     WriterUnlock { name: String, owner: u64 },
     /// Reads the replay sequence number (AsymNVM §6.3, Algorithm 2): odd while a replay runs.
     SeqRead,
+    /// Reads the "replicated up to" mark: every operation log with a lower
+    /// sequence number is durable on every mirror (docs/asym-protocol.md,
+    /// "Replication and failover").
+    ReplMark,
 }
 
 /// Verb kinds, for counters.
-pub const VERB_KINDS: [&str; 15] = [
+pub const VERB_KINDS: [&str; 16] = [
     "hello",
     "read",
     "write",
@@ -90,6 +94,7 @@ pub const VERB_KINDS: [&str; 15] = [
     "writer_lock",
     "writer_unlock",
     "seq_read",
+    "repl_mark",
 ];
 
 impl Verb {
@@ -111,6 +116,7 @@ impl Verb {
             Verb::WriterLock { .. } => 12,
             Verb::WriterUnlock { .. } => 13,
             Verb::SeqRead => 14,
+            Verb::ReplMark => 15,
         }
     }
 }
@@ -307,7 +313,7 @@ fn checked(frame: &[u8], magic: u32) -> Parse<&[u8]> {
 fn put_verb(w: &mut W, v: &Verb) {
     w.u8(v.kind() as u8);
     match v {
-        Verb::Hello | Verb::SeqRead => {}
+        Verb::Hello | Verb::SeqRead | Verb::ReplMark => {}
         Verb::Read { addr, len } => {
             w.u64(*addr);
             w.u32(*len);
@@ -430,6 +436,7 @@ fn get_verb(r: &mut R) -> Parse<Verb> {
             owner: r.u64()?,
         },
         14 => Verb::SeqRead,
+        15 => Verb::ReplMark,
         _ => return Err(()),
     })
 }
@@ -641,6 +648,7 @@ mod tests {
                     owner: 5,
                 },
                 Verb::SeqRead,
+                Verb::ReplMark,
             ],
         }
     }

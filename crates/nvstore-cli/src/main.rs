@@ -130,6 +130,8 @@ enum Cmd {
     Serve(nvstore_server::ServeArgs),
     /// Run an AsymNVM back-end on a pool: front-ends reach it over TCP (README, "Disaggregated memory").
     Backend(nvstore_asym::cli::BackendArgs),
+    /// Run an AsymNVM mirror: a replica of a back-end's pool, kept in sync by the back-end (AsymNVM §7).
+    Mirror(nvstore_asym::cli::MirrorArgs),
 }
 
 #[derive(Subcommand, Debug)]
@@ -148,6 +150,8 @@ enum BenchCmd {
     Asym(nvstore_bench::AsymArgs),
     /// KVS B+Tree index §3: N inserts then N random gets of SHA-1 keys, values of 1..1024 sectors, sync against async, index overhead.
     Kvindex(nvstore_bench::KvIndexArgs),
+    /// AsymNVM failover: etcd, a primary, a mirror and a writing front-end; the primary is killed; every acknowledged write must survive exactly once.
+    Failover(nvstore_asym::failbench::FailoverArgs),
 }
 
 const LOAD_HELP: &str = "\
@@ -374,6 +378,7 @@ fn main() {
         Cmd::Bench(b) => bench(b),
         Cmd::Serve(a) => nvstore_server::serve(a.into_config()).map_err(Fail::error),
         Cmd::Backend(a) => nvstore_asym::cli::run(&a).map_err(Fail::error),
+        Cmd::Mirror(a) => nvstore_asym::cli::run_mirror(&a).map_err(Fail::error),
     };
     if let Err(f) = r {
         if !f.msg.is_empty() {
@@ -394,6 +399,12 @@ fn bench(b: BenchCmd) -> CmdResult {
         BenchCmd::Plot(a) => nvstore_bench::plot_main(a, &mut out).map(|_| ()),
         BenchCmd::Kvindex(a) => nvstore_bench::kvindex_main(a, &mut out).map(|_| ()),
         BenchCmd::Asym(a) => return nvstore_bench::asym_main(a, &mut out).map(|_| ()).map_err(Fail::error),
+        BenchCmd::Failover(a) => {
+            let exe = std::env::current_exe().map_err(|e| Fail::error(e.to_string()))?;
+            return nvstore_asym::failbench::main(a, &exe, &mut out)
+                .map(|_| ())
+                .map_err(Fail::error);
+        }
     };
     r.map_err(|e| Fail::error(e.to_string()))
 }

@@ -1,0 +1,213 @@
+//! AsymNVM failover with real processes (AsymNVM §7 cases 4 and 5): an etcd,
+//! `nvstore backend --etcd` as the primary, `nvstore mirror --etcd`, and a
+//! front-end writer in this process that follows the primary through etcd.
+//! Loopback only; every wait is bounded.
+//!
+//! - Case 4: the primary is SIGKILLed; the mirror claims the partition with
+//!   a higher epoch and serves; the writer fails over; every acknowledged
+//!   write is there exactly once. The old primary, restarted on its pool,
+//!   is deposed: it refuses to start. A primary that is only paused (SIGSTOP)
+//!   past its lease refuses every frame when it resumes.
+//! - Case 5: the mirror is SIGKILLed; the primary drops it and goes on; the
+//!   mirror restarted on its pool gets the batches it missed (no full copy)
+//!   and can then take over.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use nvstore_asym::failover::{node_args, Cluster, ClusterWriter, EtcdProc, NodeProc, Partition};
+use nvstore_asym::structures::Queue;
+use nvstore_asym::wire::{Status, Verb};
+use nvstore_asym::{Client, Error, Mode, RemoteOptions, TcpTransport};
+
+const EXE: &str = env!("CARGO_BIN_EXE_nvstore");
+const CLUSTER: &str = "t";
+const WAIT: Duration = Duration::from_secs(20);
+
+/// etcd on free ports, or `None` (the test is skipped, with a note) when
+/// the `etcd` binary is missing, unless NVSTORE_REQUIRE_TOOLS=1 (CI).
+fn etcd(dir: &Path) -> Option<EtcdProc> {
+    let present = Command::new("etcd")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !present {
+        let required = std::env::var("NVSTORE_REQUIRE_TOOLS").is_ok_and(|v| v == "1");
+        assert!(
+            !required,
+            "etcd is not installed and NVSTORE_REQUIRE_TOOLS=1 (apt-get install -y etcd-server)"
+        );
+        eprintln!("skipped: etcd is not installed (apt-get install -y etcd-server)");
+        return None;
+    }
+    Some(EtcdProc::start(dir).unwrap())
+}
+
+fn opts() -> RemoteOptions {
+    RemoteOptions {
+        mode: Mode::Rcb,
+        batch: 8,
+        flush_after: Duration::from_millis(5),
+        ..RemoteOptions::default()
+    }
+}
+
+fn node(role: &str, pool: &Path, etcd: &EtcdProc) -> NodeProc {
+    let mut args = node_args(role, pool, &etcd.url, CLUSTER, 0);
+    if role == "backend" {
+        args.extend(["--size".to_string(), "16M".to_string()]);
+    }
+    NodeProc::spawn(Path::new(EXE), &args).unwrap()
+}
+
+fn writer(etcd: &EtcdProc) -> ClusterWriter {
+    ClusterWriter::connect(&etcd.url, Partition::new(CLUSTER, 0), opts(), WAIT).unwrap()
+}
+
+fn val(k: u64) -> Vec<u8> {
+    k.to_le_bytes().repeat(8)
+}
+
+fn write(w: &mut ClusterWriter, q: &mut Queue, keys: std::ops::Range<u64>) {
+    for k in keys {
+        w.run(q, |r| Queue::open(r, "q"), |q, r| q.enqueue(r, k, &val(k)))
+            .unwrap();
+    }
+}
+
+/// Every key in `acked` once, nothing else.
+fn assert_exactly_once(w: &mut ClusterWriter, q: &Queue, acked: std::ops::Range<u64>) {
+    w.remote().flush().unwrap();
+    let mut count: HashMap<u64, u32> = HashMap::new();
+    for (k, v) in q.items(w.remote()).unwrap() {
+        assert_eq!(v, val(k));
+        *count.entry(k).or_default() += 1;
+    }
+    for k in acked.clone() {
+        assert_eq!(count.get(&k), Some(&1), "key {k}");
+    }
+    assert_eq!(count.len(), acked.count());
+}
+
+fn epoch_of(etcd: &EtcdProc) -> (std::net::SocketAddr, u64) {
+    let mut c = Cluster::connect(&etcd.url, Partition::new(CLUSTER, 0)).unwrap();
+    c.primary().unwrap().expect("a primary is registered")
+}
+
+#[test]
+fn case4_the_mirror_takes_over_from_a_killed_primary_and_the_old_one_is_deposed() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(etcd) = etcd(dir.path()) else { return };
+    let ppool = dir.path().join("p.pool");
+    let mut p = node("backend", &ppool, &etcd);
+    let paddr = p.ready_addr(WAIT).unwrap();
+    let m = node("mirror", &dir.path().join("m.pool"), &etcd);
+    m.wait_for("in sync", WAIT).unwrap();
+    let (a0, e0) = epoch_of(&etcd);
+    assert_eq!(a0, paddr);
+
+    let mut w = writer(&etcd);
+    let mut q = Queue::open(w.remote(), "q").unwrap();
+    write(&mut w, &mut q, 0..300);
+    p.guard.kill();
+    let t = Instant::now();
+    write(&mut w, &mut q, 300..400);
+    assert_eq!(w.failovers(), 1);
+    m.wait_for("promoted", WAIT).unwrap();
+    let (a1, e1) = epoch_of(&etcd);
+    assert_ne!(a1, paddr);
+    assert!(e1 > e0, "the new primary's epoch {e1} is above {e0}");
+    assert!(t.elapsed() < WAIT);
+    assert_exactly_once(&mut w, &q, 0..400);
+
+    // The old primary comes back on its pool: the partition is held.
+    let old = node("backend", &ppool, &etcd);
+    let deadline = Instant::now() + WAIT;
+    let mut guard = old.guard;
+    let status = loop {
+        if let Some(s) = guard.child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "a deposed primary kept running");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(!status.success());
+    assert!(
+        old.log.lock().iter().any(|l| l.contains("deposed")),
+        "{:?}",
+        old.log.lock()
+    );
+    // Writes go on at the new primary.
+    write(&mut w, &mut q, 400..450);
+    assert_exactly_once(&mut w, &q, 0..450);
+}
+
+fn signal(pid: u32, sig: &str) {
+    let ok = Command::new("kill").args([sig, &pid.to_string()]).status().unwrap();
+    assert!(ok.success());
+}
+
+#[test]
+fn case4_a_paused_primary_that_lost_its_lease_refuses_every_frame() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(etcd) = etcd(dir.path()) else { return };
+    let p = node("backend", &dir.path().join("p.pool"), &etcd);
+    let paddr = p.ready_addr(WAIT).unwrap();
+    let m = node("mirror", &dir.path().join("m.pool"), &etcd);
+    m.wait_for("in sync", WAIT).unwrap();
+    let mut w = writer(&etcd);
+    let mut q = Queue::open(w.remote(), "q").unwrap();
+    write(&mut w, &mut q, 0..50);
+    // A session opened on the old primary before it pauses.
+    let (mut stale, _) = Client::connect(TcpTransport::connect(paddr).unwrap()).unwrap();
+
+    let pid = p.guard.child.id();
+    signal(pid, "-STOP");
+    m.wait_for("promoted", WAIT).unwrap();
+    signal(pid, "-CONT");
+    // The resumed primary's lease is gone: it answers nothing but "stale".
+    let deadline = Instant::now() + WAIT;
+    loop {
+        match stale.post(&[Verb::NameGet { name: "q".into() }]) {
+            Err(Error::Rejected(Status::Stale)) => break,
+            other => assert!(Instant::now() < deadline, "deposed primary still answers: {other:?}"),
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    write(&mut w, &mut q, 50..100);
+    assert_eq!(w.failovers(), 1);
+    assert_exactly_once(&mut w, &q, 0..100);
+}
+
+#[test]
+fn case5_a_killed_mirror_is_dropped_and_catches_up_when_it_returns() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(etcd) = etcd(dir.path()) else { return };
+    let mut p = node("backend", &dir.path().join("p.pool"), &etcd);
+    p.ready_addr(WAIT).unwrap();
+    let mpool = dir.path().join("m.pool");
+    let mut m = node("mirror", &mpool, &etcd);
+    m.wait_for("in sync", WAIT).unwrap();
+    let mut w = writer(&etcd);
+    let mut q = Queue::open(w.remote(), "q").unwrap();
+    write(&mut w, &mut q, 0..100);
+    m.guard.kill();
+    // The primary drops the dead mirror and goes on alone.
+    write(&mut w, &mut q, 100..200);
+    p.wait_for("dropped", WAIT).unwrap();
+    assert_eq!(w.failovers(), 0);
+
+    // Back on its pool: it gets the batches it missed, no full copy.
+    let m = node("mirror", &mpool, &etcd);
+    let line = m.wait_for("in sync", WAIT).unwrap();
+    assert!(line.contains("0 full copies"), "{line}");
+    p.wait_for("resumed", WAIT).unwrap();
+    write(&mut w, &mut q, 200..250);
+    // And it can take over.
+    p.guard.kill();
+    write(&mut w, &mut q, 250..300);
+    m.wait_for("promoted", WAIT).unwrap();
+    assert_exactly_once(&mut w, &q, 0..300);
+}

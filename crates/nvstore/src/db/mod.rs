@@ -8,7 +8,7 @@ use crate::check::{self, CheckReport};
 use crate::error::{Error, Result};
 use crate::format::header::{self, EngineKind, Header, LeafKind, VERSION};
 use crate::hash::engine::{self as hash_engine, HashEngine};
-use crate::pmem::{FileSpace, FlushKind, OpenMode, Space};
+use crate::pmem::{FileSpace, FlushKind, OpenMode, Operation, Space};
 use crate::recovery::{self, Recovery, RecoveryKind};
 use crate::tree::adaptive::{self, Model, Strategy};
 use crate::tree::isle::Isle;
@@ -391,14 +391,18 @@ impl<S: Space> Db<S> {
 
     /// Stores `value` under `key`; durable when it returns.
     pub fn put(&self, key: &[u8], value: &[u8]) -> Result<()> {
-        self.writable()?;
-        with_tree!(self, t => t.put(key, value), h => h.put(key, value))
+        self.space().logged(Operation::Put { key, value }, || {
+            self.writable()?;
+            with_tree!(self, t => t.put(key, value), h => h.put(key, value))
+        })
     }
 
     /// Removes `key`; returns whether it was there. Durable when it returns.
     pub fn delete(&self, key: &[u8]) -> Result<bool> {
-        self.writable()?;
-        with_tree!(self, t => t.delete(key), h => h.delete(key))
+        self.space().logged(Operation::Delete { key }, || {
+            self.writable()?;
+            with_tree!(self, t => t.delete(key), h => h.delete(key))
+        })
     }
 
     /// Checks every leaf the index names against its format's rules

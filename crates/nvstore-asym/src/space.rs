@@ -30,8 +30,9 @@
 //!
 //!   A fence outside a logged operation (recovery's writes, clean close,
 //!   write batches and transactions, which are not logged) sends at once.
-//! - The pool is the whole data area, claimed at creation with one `malloc`
-//!   of every slab and named [`SpaceOptions::name`]. It cannot grow.
+//! - The pool is claimed at creation with one `malloc` of whole slabs (all
+//!   of the data area unless [`SpaceOptions::size`] says less) and named
+//!   [`SpaceOptions::name`]. It cannot grow.
 //!
 //! The `Space` interface reports no errors from loads and stores. A lost
 //! back-end is reported by the operation's `Db` call where it can be (a
@@ -62,8 +63,12 @@ pub struct SpaceOptions {
     pub remote: RemoteOptions,
     /// Page size of the cache, a power of two, at least a line.
     pub page: u64,
-    /// Name of the pool in the back-end's naming space.
+    /// Name of the pool in the back-end's naming space (its start; its
+    /// size is under `NAME.size`).
     pub name: String,
+    /// Bytes of the data area a new pool claims (0: all of it), rounded up
+    /// to whole slabs. An existing pool keeps its size.
+    pub size: u64,
 }
 
 impl Default for SpaceOptions {
@@ -72,6 +77,7 @@ impl Default for SpaceOptions {
             remote: RemoteOptions::default(),
             page: 4096,
             name: "nvtree".into(),
+            size: 0,
         }
     }
 }
@@ -780,16 +786,25 @@ pub fn open_db(t: impl Transport + 'static, opts: &SpaceOptions, db_opts: &nvsto
     };
     let mut remote = Remote::open(t, ropts)?;
     let hello = remote.hello().clone();
-    let (base, created) = match remote.name_get(&opts.name)? {
-        Some(b) => (b, false),
+    let size_name = format!("{}.size", opts.name);
+    let (base, len, created) = match remote.name_get(&opts.name)? {
+        Some(b) => {
+            let len = remote
+                .name_get(&size_name)?
+                .ok_or_else(|| Error::Protocol(format!("pool {:?} has no size", opts.name)))?;
+            (b, len, false)
+        }
         None => {
-            // Claim the whole data area: the engine allocates inside it.
-            let b = remote.alloc(hello.data_len)?;
+            // Claim the area in whole slabs: the engine allocates inside it.
+            // The size is named before the start, which publishes the pool.
+            let want = if opts.size == 0 { hello.data_len } else { opts.size };
+            let len = want.div_ceil(hello.slab) * hello.slab;
+            let b = remote.alloc(len)?;
+            remote.name_set(&size_name, len)?;
             remote.name_set(&opts.name, b)?;
-            (b, true)
+            (b, len, true)
         }
     };
-    let len = hello.data_off + hello.data_len - base;
     let mut sopts = opts.clone();
     sopts.remote.cache_bytes = page_cache;
     let space = RemoteSpace::new(remote, base, len, &sopts);

@@ -36,7 +36,7 @@ pub mod wire;
 
 pub use backend::{Backend, Layout};
 pub use remote::{FlushTimer, Mode, Remote, RemoteOptions};
-pub use space::{open_db, RemoteDb, RemoteSpace, SpaceOptions};
+pub use space::{open_db, open_db_as, RemoteDb, RemoteSpace, SpaceOptions};
 
 pub use transport::{Client, Counters, Fault, FaultyTransport, LocalTransport, TcpTransport, Transport};
 

@@ -547,7 +547,7 @@ impl RemoteSpace {
     /// Re-executes the logged operations the back-end's last transaction
     /// does not cover on `db` (which runs on this space), exactly once each,
     /// then sends them in one transaction that covers them. Answers how many.
-    pub fn recover(&self, db: &Db<RemoteSpace>) -> Result<u64> {
+    pub fn recover<S: Space>(&self, db: &Db<S>) -> Result<u64> {
         if self.inner.mode != Mode::Rcb {
             return Ok(0);
         }
@@ -776,6 +776,34 @@ impl Drop for RemoteDb {
 /// `Db::open`. Takes the writer lock; in rcb mode re-executes the operations
 /// a crashed writer had logged but not yet sent (AsymNVM §7, case 2).
 pub fn open_db(t: impl Transport + 'static, opts: &SpaceOptions, db_opts: &nvstore::Options) -> Result<RemoteDb> {
+    let o = open_db_as(t, opts, db_opts, |s| s)?;
+    Ok(RemoteDb {
+        db: Some(o.db),
+        space: o.space,
+        replayed: o.replayed,
+        created: o.created,
+    })
+}
+
+/// What [`open_db_as`] opened.
+pub struct Opened<S: Space> {
+    pub db: Db<S>,
+    /// The space under `db` (`wrap` wrapped a clone of it).
+    pub space: RemoteSpace,
+    /// Operations re-executed (rcb).
+    pub replayed: u64,
+    /// Whether this open created the pool.
+    pub created: bool,
+}
+
+/// [`open_db`] for a `Db` on a space that wraps the remote one (a server
+/// that runs on files or on back-ends through one space type).
+pub fn open_db_as<S: Space>(
+    t: impl Transport + 'static,
+    opts: &SpaceOptions,
+    db_opts: &nvstore::Options,
+    wrap: impl Fn(RemoteSpace) -> S,
+) -> Result<Opened<S>> {
     let mut ropts = opts.remote.clone();
     let page_cache = ropts.cache_bytes;
     // The space keeps its own page cache; the front-end's object cache stays empty.
@@ -813,15 +841,15 @@ pub fn open_db(t: impl Transport + 'static, opts: &SpaceOptions, db_opts: &nvsto
     // naming it) is created again.
     let fresh = created || space.load(0) == 0;
     let db = if fresh {
-        Db::create_in(space.clone(), &path, db_opts)?
+        Db::create_in(wrap(space.clone()), &path, db_opts)?
     } else {
-        let db = Db::open_space(space.clone(), &path)?;
+        let db = Db::open_space(wrap(space.clone()), &path)?;
         db.set_adaptive(db_opts.adaptive);
         db
     };
     let replayed = space.recover(&db)?;
-    Ok(RemoteDb {
-        db: Some(db),
+    Ok(Opened {
+        db,
         space,
         replayed,
         created: fresh,

@@ -150,7 +150,15 @@ pub struct Db<S: Space = FileSpace> {
 impl Db<FileSpace> {
     /// Opens the pool at `path`, creating it if missing and `opts.create`.
     pub fn open(path: impl AsRef<Path>, opts: Options) -> Result<Db<FileSpace>> {
-        let path = path.as_ref();
+        Db::open_file_as(path.as_ref(), opts, |f| f)
+    }
+}
+
+impl<S: Space> Db<S> {
+    /// [`Db::open`] on a pool file whose mapping `wrap` turns into the space
+    /// the engine runs on (a server that runs on files or on other spaces
+    /// through one space type).
+    pub fn open_file_as(path: &Path, opts: Options, wrap: impl Fn(FileSpace) -> S) -> Result<Db<S>> {
         opts.validate()?;
         let exists = path.exists();
         let mode = if opts.read_only {
@@ -163,7 +171,7 @@ impl Db<FileSpace> {
             OpenMode::Open
         };
         if let OpenMode::Create { size } = mode {
-            let db = Db::create_file(path, size, &opts)?;
+            let db = Db::create_file(path, size, &opts, &wrap)?;
             db.start_adaptive(opts.adaptive, opts.latency_ns);
             return Ok(db);
         }
@@ -176,7 +184,7 @@ impl Db<FileSpace> {
             name: None,
         };
         let space = FileSpace::open(path, &fo)?;
-        let db = Db::open_space(space, path)?;
+        let db = Db::open_space(wrap(space), path)?;
         db.start_adaptive(opts.adaptive, opts.latency_ns);
         Ok(db)
     }
@@ -215,7 +223,7 @@ impl Db<FileSpace> {
     /// Writes a new pool under a temporary name and renames it into place
     /// once its header and first leaf are durable: a crash during creation
     /// leaves no half-made pool at `path`.
-    fn create_file(path: &Path, size: u64, opts: &Options) -> Result<Db<FileSpace>> {
+    fn create_file(path: &Path, size: u64, opts: &Options, wrap: &impl Fn(FileSpace) -> S) -> Result<Db<S>> {
         let mut tmp = path.as_os_str().to_owned();
         tmp.push(format!(".creating-{}", std::process::id()));
         let tmp = PathBuf::from(tmp);
@@ -228,7 +236,7 @@ impl Db<FileSpace> {
             name: Some(path.to_path_buf()),
         };
         let space = FileSpace::open(&tmp, &fo)?;
-        let db = match Db::create_in(space, path, opts) {
+        let db = match Db::create_in(wrap(space), path, opts) {
             Ok(db) => db,
             Err(e) => {
                 let _ = std::fs::remove_file(&tmp);
@@ -243,7 +251,9 @@ impl Db<FileSpace> {
         linked.map_err(|e| Error::io(path, e))?;
         Ok(db)
     }
+}
 
+impl Db<FileSpace> {
     /// Creates a new pool at `path`; fails if the file exists.
     pub fn create(path: impl AsRef<Path>, opts: Options) -> Result<Db<FileSpace>> {
         let path = path.as_ref();

@@ -266,34 +266,38 @@ impl Transport for Switch {
 
 #[test]
 fn a_back_end_restart_keeps_the_pool() {
-    for mode in [Mode::Naive, Mode::Rcb] {
-        let typed = Arc::new(Mutex::new(
-            Backend::create(SimSpace::new(8 << 20), Layout::default_for(8 << 20)).unwrap(),
-        ));
-        let shared: SharedBackend = typed.clone();
-        let switch = Switch(Arc::new(Mutex::new(shared)));
-        let so = space_opts(mode, 16);
-        let db = open_db(switch.clone(), &so, &db_opts()).unwrap();
-        for i in 0..200 {
-            db.put(&key(i), &value(i, 40)).unwrap();
-        }
-        // The back-end process dies and restarts on the persisted bytes;
-        // the front-end's session is stale, so it dies too.
-        let image = typed.lock().space().persisted_image();
-        let restarted: SharedBackend = share(Backend::open(SimSpace::from_image(image)).unwrap());
-        *switch.0.lock() = restarted;
-        let r = catch_unwind(AssertUnwindSafe(|| db.put(&key(999), &value(999, 40))));
-        assert!(!matches!(r, Ok(Ok(()))), "{mode:?}: a stale session wrote");
-        drop(catch_unwind(AssertUnwindSafe(|| drop(db))));
-        let db = open_db(switch, &so, &db_opts()).unwrap();
-        assert!(!db.created);
-        // rcb: batches of 16 covered 192 puts; the last 8 are re-executed.
-        assert_eq!(db.replayed, if mode == Mode::Rcb { 8 } else { 0 }, "{mode:?}");
-        assert!(db.check().ok);
-        let got = contents(&db);
-        assert_eq!(got.len(), 200, "{mode:?}");
-        for i in 0..200 {
-            assert_eq!(got.get(&key(i)), Some(&value(i, 40)), "{mode:?}");
+    // The back-end restarts on its persisted bytes after `n` puts, in every
+    // mode; rcb's batches of 16 leave `n % 16` puts to re-execute.
+    for mode in MODES {
+        for n in [0u64, 1, 37, 200] {
+            let typed = Arc::new(Mutex::new(
+                Backend::create(SimSpace::new(8 << 20), Layout::default_for(8 << 20)).unwrap(),
+            ));
+            let shared: SharedBackend = typed.clone();
+            let switch = Switch(Arc::new(Mutex::new(shared)));
+            let so = space_opts(mode, 16);
+            let db = open_db(switch.clone(), &so, &db_opts()).unwrap();
+            for i in 0..n {
+                db.put(&key(i), &value(i, 40)).unwrap();
+            }
+            // The back-end process dies and restarts on the persisted bytes;
+            // the front-end's session is stale, so it dies too.
+            let image = typed.lock().space().persisted_image();
+            let restarted: SharedBackend = share(Backend::open(SimSpace::from_image(image)).unwrap());
+            *switch.0.lock() = restarted;
+            let r = catch_unwind(AssertUnwindSafe(|| db.put(&key(999), &value(999, 40))));
+            assert!(!matches!(r, Ok(Ok(()))), "{mode:?}: a stale session wrote");
+            drop(catch_unwind(AssertUnwindSafe(|| drop(db))));
+            let db = open_db(switch, &so, &db_opts()).unwrap();
+            assert!(!db.created);
+            let want = if mode == Mode::Rcb { n % 16 } else { 0 };
+            assert_eq!(db.replayed, want, "{mode:?} after {n}");
+            assert!(db.check().ok);
+            let got = contents(&db);
+            assert_eq!(got.len() as u64, n, "{mode:?}");
+            for i in 0..n {
+                assert_eq!(got.get(&key(i)), Some(&value(i, 40)), "{mode:?}");
+            }
         }
     }
 }

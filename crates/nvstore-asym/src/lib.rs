@@ -31,6 +31,7 @@ pub mod points;
 pub mod remote;
 
 pub mod server;
+pub mod space;
 pub mod structures;
 
 pub mod transport;
@@ -38,6 +39,7 @@ pub mod wire;
 
 pub use backend::{Backend, Layout};
 pub use remote::{FlushTimer, Mode, Remote, RemoteOptions};
+pub use space::{open_db, open_db_as, RemoteDb, RemoteSpace, SpaceOptions};
 
 pub use transport::{Client, Counters, Fault, FaultyTransport, LocalTransport, TcpTransport, Transport};
 

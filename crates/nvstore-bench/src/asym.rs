@@ -1,7 +1,9 @@
 //! `nvstore bench asym`: AsymNVM Table 3 on this machine. One front-end
 //! runs a data structure on a back-end over loopback TCP; 100% writes
 //! (enqueue, push, or a put of a uniform random key into the B+-tree, BST,
-//! hash table, skiplist, or the multi-version BST and B+-tree), every operation acknowledged when durable.
+//! hash table, skiplist, or the multi-version BST and B+-tree, or a put into
+//! the engine's NV-Tree run through `RemoteSpace`), every operation
+//! acknowledged when durable.
 //!
 //! With `--app smallbank|tatp` it runs a transaction benchmark instead
 //! (AsymNVM §9.3): SmallBank over the hash table or TATP over the B+-tree,
@@ -20,14 +22,18 @@ use hdrhistogram::Histogram;
 use nvstore_asym::apps::{smallbank, tatp, Outcome, SmallBank, Tatp};
 use nvstore_asym::structures::{BpTree, Bst, HashTable, MvBpTree, MvBst, Queue, SkipList, Stack};
 use nvstore_asym::transport::Counters;
-use nvstore_asym::{Backend, Fault, FaultyTransport, Layout, Mode, Remote, RemoteOptions, TcpTransport, Transport};
+use nvstore_asym::{
+    open_db, Backend, Fault, FaultyTransport, Layout, Mode, Remote, RemoteOptions, SpaceOptions, TcpTransport,
+    Transport,
+};
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
 /// `nvstore bench asym` flags.
 #[derive(clap::Args, Clone, Debug)]
 pub struct AsymArgs {
-    /// Data structure: queue, stack (enqueue / push), bptree, bst, hash, skiplist, mvbst or mvbpt (puts of uniform random keys).
+    /// Data structure: queue, stack (enqueue / push), bptree, bst, hash, skiplist, mvbst, mvbpt or nvtree (puts of uniform random keys;
+    /// nvtree is the engine's `Db` on the back-end through `RemoteSpace`).
     #[arg(long, default_value = "queue")]
     pub structure: String,
     /// A transaction benchmark instead of a structure: smallbank (over the
@@ -109,6 +115,8 @@ fn item_bytes(structure: &str) -> u64 {
         "skiplist" => 91,
         // 88-byte nodes in 96-byte blocks.
         "bst" | "mvbst" => 96,
+        // 8-byte key and 64-byte value in an element, leaves about 2/3 full.
+        "nvtree" => 144,
         _ => 80,
     }
 }
@@ -141,10 +149,10 @@ pub fn run_asym(a: &AsymArgs) -> Result<AsymResult, String> {
         }
     } else if !matches!(
         a.structure.as_str(),
-        "queue" | "stack" | "bptree" | "bst" | "hash" | "skiplist" | "mvbst" | "mvbpt"
+        "queue" | "stack" | "bptree" | "bst" | "hash" | "skiplist" | "mvbst" | "mvbpt" | "nvtree"
     ) {
         return Err(format!(
-            "structure {:?} is not implemented yet: queue, stack, bptree, bst, hash, skiplist, mvbst or mvbpt",
+            "structure {:?} is not implemented yet: queue, stack, bptree, bst, hash, skiplist, mvbst, mvbpt or nvtree",
             a.structure
         ));
     }
@@ -165,6 +173,9 @@ pub fn run_asym(a: &AsymArgs) -> Result<AsymResult, String> {
 fn run_on(a: &AsymArgs, mode: Mode, addr: SocketAddr) -> Result<AsymResult, String> {
     if let Some(app) = &a.app {
         return run_app(a, app, mode, addr);
+    }
+    if a.structure == "nvtree" {
+        return run_nvtree(a, mode, addr);
     }
     let t = transport(a, addr)?;
     let opts = RemoteOptions {
@@ -225,6 +236,47 @@ fn run_on(a: &AsymArgs, mode: Mode, addr: SocketAddr) -> Result<AsymResult, Stri
     let d = r.counters().since(&start_counters);
     r.close().map_err(e)?;
     Ok(AsymResult::measured(&a.structure, mode, a.ops, secs, &d, &hist))
+}
+
+/// `--structure nvtree`: the engine's NV-Tree (`nvstore::Db`) on the
+/// back-end through `RemoteSpace`, `--ops` puts of uniform random 8-byte
+/// keys with 64-byte values. The pool claims what the puts need, about
+/// four times their bytes; the page cache is `--cache-pct` of their bytes.
+fn run_nvtree(a: &AsymArgs, mode: Mode, addr: SocketAddr) -> Result<AsymResult, String> {
+    let item = item_bytes("nvtree");
+    let opts = SpaceOptions {
+        remote: RemoteOptions {
+            mode,
+            batch: a.batch.max(1),
+            cache_bytes: ((a.ops * item * a.cache_pct / 100) as usize).max(4096),
+            owner: rand::random::<u64>() | 1,
+            lock: format!("bench-{}", rand::random::<u32>()),
+            ..RemoteOptions::default()
+        },
+        name: format!("nvtree-{}", rand::random::<u32>()),
+        size: (a.ops * item * 4).max(8 << 20),
+        ..SpaceOptions::default()
+    };
+    let db_opts = nvstore::Options {
+        adaptive: nvstore::Adaptive::Off,
+        ..nvstore::Options::default()
+    };
+    let db = open_db(transport(a, addr)?, &opts, &db_opts).map_err(|e| e.to_string())?;
+    let value = [0x42u8; 64];
+    let mut hist = Histogram::<u64>::new_with_bounds(1, 3_600_000_000_000, 3).expect("bounds");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(42);
+    let start = db.space().stats().counters;
+    let t0 = Instant::now();
+    for _ in 0..a.ops {
+        let t = Instant::now();
+        let key = rng.gen_range(0..a.ops.saturating_mul(4).max(1));
+        db.put(&key.to_be_bytes(), &value).map_err(|e| e.to_string())?;
+        hist.record(t.elapsed().as_nanos().max(1) as u64).expect("in bounds");
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    let d = db.space().stats().counters.since(&start);
+    db.close().map_err(|e| e.to_string())?;
+    Ok(AsymResult::measured("nvtree", mode, a.ops, secs, &d, &hist))
 }
 
 /// A front-end over TCP, with `--delay-us` if asked.

@@ -376,7 +376,7 @@ fn main() {
         Cmd::Crashtest(a) => crashtest(a),
         Cmd::Demo(a) => demo::run(a),
         Cmd::Bench(b) => bench(b),
-        Cmd::Serve(a) => nvstore_server::serve(a.into_config()).map_err(Fail::error),
+        Cmd::Serve(a) => a.into_config().and_then(nvstore_server::serve).map_err(Fail::error),
         Cmd::Backend(a) => nvstore_asym::cli::run(&a).map_err(Fail::error),
         Cmd::Mirror(a) => nvstore_asym::cli::run_mirror(&a).map_err(Fail::error),
     };

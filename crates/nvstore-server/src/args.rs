@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use crate::config::Config;
+use crate::config::{Config, RemotePool};
 use crate::keys::CompactLimits;
 use crate::resp::Limits;
 use nvstore::units::parse_size;
@@ -13,6 +13,23 @@ pub struct ServeArgs {
     /// Pool file (created if missing).
     #[arg(long, default_value = "./nvstore.nvs")]
     pub pool: PathBuf,
+    /// Serve the pool on the AsymNVM back-end at this address (`nvstore
+    /// backend`) instead of a file; created there if missing, with --size
+    /// bytes of its data area (a remote pool does not grow).
+    #[arg(long)]
+    pub remote: Option<std::net::SocketAddr>,
+    /// The pool's name on the back-end.
+    #[arg(long, default_value = "nvtree")]
+    pub remote_name: String,
+    /// How the front-end reaches the back-end: naive, r, rc or rcb.
+    #[arg(long, default_value = "rcb")]
+    pub remote_mode: String,
+    /// Page cache of the front-end (rc, rcb).
+    #[arg(long, default_value = "64MiB", value_parser = parse_size)]
+    pub remote_cache: u64,
+    /// Write operations per tx_write (rcb).
+    #[arg(long, default_value_t = 1024)]
+    pub remote_batch: usize,
     /// Initial size of a new pool (it grows on demand): bytes or with a KiB/MiB/GiB/TiB suffix.
     #[arg(long, default_value = "64MiB", value_parser = parse_size)]
     pub size: u64,
@@ -54,9 +71,21 @@ pub struct ServeArgs {
 }
 
 impl ServeArgs {
-    pub fn into_config(self) -> Config {
+    pub fn into_config(self) -> Result<Config, String> {
         let d = Config::default();
-        Config {
+        let remote = match self.remote {
+            None => None,
+            Some(addr) => Some(RemotePool {
+                addr,
+                name: self.remote_name,
+                mode: nvstore_asym::Mode::parse(&self.remote_mode)
+                    .ok_or_else(|| format!("unknown --remote-mode {:?}: naive, r, rc or rcb", self.remote_mode))?,
+                cache: self.remote_cache,
+                batch: self.remote_batch.max(1),
+            }),
+        };
+        Ok(Config {
+            remote,
             pool: self.pool,
             size: self.size,
             max_size: self.max_size,
@@ -75,7 +104,7 @@ impl ServeArgs {
                 max_bulk: usize::try_from(self.max_bulk).unwrap_or(usize::MAX),
                 ..d.limits
             },
-        }
+        })
     }
 }
 

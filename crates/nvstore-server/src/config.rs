@@ -26,6 +26,22 @@ pub struct Config {
     pub adaptive: nvstore::Adaptive,
     /// When a hash is stored whole in its metadata value.
     pub compact: CompactLimits,
+    /// Serve a pool on an AsymNVM back-end instead of `pool`.
+    pub remote: Option<RemotePool>,
+}
+
+/// A pool on an AsymNVM back-end (`nvstore serve --remote ADDR`).
+#[derive(Clone, Debug)]
+pub struct RemotePool {
+    pub addr: std::net::SocketAddr,
+    /// The pool's name in the back-end's naming space.
+    pub name: String,
+    /// naive, r, rc or rcb (docs/asym-protocol.md).
+    pub mode: nvstore_asym::Mode,
+    /// Page cache of the front-end, bytes.
+    pub cache: u64,
+    /// Write operations per `tx_write` (rcb).
+    pub batch: usize,
 }
 
 impl Default for Config {
@@ -42,6 +58,7 @@ impl Default for Config {
             limits: Limits::default(),
             adaptive: nvstore::db::DEFAULT_ADAPTIVE,
             compact: CompactLimits::default(),
+            remote: None,
         }
     }
 }

@@ -21,13 +21,14 @@ pub mod num;
 pub mod resp;
 pub mod server;
 pub mod shared;
+pub mod space;
 pub mod store;
 
 use std::sync::Arc;
 use std::time::Instant;
 
 pub use args::ServeArgs;
-pub use config::Config;
+pub use config::{Config, RemotePool};
 pub use resp::Limits;
 
 /// Opens the pool, serves until SIGINT, SIGTERM or SHUTDOWN, then closes
@@ -40,7 +41,7 @@ pub fn serve(cfg: Config) -> Result<(), String> {
     if cfg.maxclients == 0 {
         return Err("--maxclients must be at least 1".into());
     }
-    if !cfg.pool.exists() {
+    if cfg.remote.is_none() && !cfg.pool.exists() {
         let parent = cfg.pool.parent().filter(|p| !p.as_os_str().is_empty());
         if let Some(dir) = parent.filter(|d| !d.is_dir()) {
             return Err(format!(
@@ -57,11 +58,21 @@ pub fn serve(cfg: Config) -> Result<(), String> {
         ..Default::default()
     };
     let t = Instant::now();
-    let store = Arc::new(store::Store::open(&cfg.pool, opts).map_err(|e| e.to_string())?);
+    let (store, name) = match &cfg.remote {
+        Some(r) => (
+            store::Store::open_remote(r, cfg.size, opts).map_err(|e| e.to_string())?,
+            format!("{} on the back-end at {}", r.name, r.addr),
+        ),
+        None => (
+            store::Store::open(&cfg.pool, opts).map_err(|e| e.to_string())?,
+            cfg.pool.display().to_string(),
+        ),
+    };
+    let store = Arc::new(store);
     let st = store.db().stat();
     eprintln!(
         "nvstore: opened {} ({} keys in the tree, recovery {:?} in {:.1} ms, open took {:.1} ms)",
-        cfg.pool.display(),
+        name,
         st.keys,
         st.last_recovery.kind,
         st.last_recovery.millis,

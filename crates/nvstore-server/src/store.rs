@@ -14,15 +14,18 @@
 use std::ops::Bound;
 use std::path::Path;
 
-use nvstore::pmem::FileSpace;
 use nvstore::{Db, Options};
+use nvstore_asym::{RemoteOptions, RemoteSpace, SpaceOptions, TcpTransport};
+
+use crate::config::RemotePool;
+use crate::space::ServerSpace;
 
 pub use nvstore::WriteBatch;
 
 /// A stable read view.
-pub type Snapshot<'a> = nvstore::Snapshot<'a, FileSpace>;
+pub type Snapshot<'a> = nvstore::Snapshot<'a, ServerSpace>;
 /// A snapshot-isolation transaction.
-pub type Txn<'a> = nvstore::Txn<'a, FileSpace>;
+pub type Txn<'a> = nvstore::Txn<'a, ServerSpace>;
 
 /// Engine errors, with the transaction outcome the server acts on apart.
 #[derive(Debug)]
@@ -54,7 +57,9 @@ pub type Result<T> = std::result::Result<T, Error>;
 
 /// The server's handle on an open pool.
 pub struct Store {
-    db: Db,
+    db: Db<ServerSpace>,
+    /// The back-end's front-end, when the pool is remote.
+    remote: Option<RemoteSpace>,
 }
 
 impl Store {
@@ -73,22 +78,63 @@ impl Store {
                 adaptive: nvstore::Adaptive::Off,
                 ..opts.clone()
             };
-            let db = Db::open(path, ro)?;
+            let db = Db::open_file_as(path, ro, ServerSpace::File)?;
             db.validate()?;
         }
-        let db = Db::open(path, opts)?;
+        let db = Db::open_file_as(path, opts, ServerSpace::File)?;
         db.supports_versions()?;
-        Ok(Store { db })
+        Ok(Store { db, remote: None })
+    }
+
+    /// Opens (creating with `size` bytes of the back-end's data area if
+    /// missing) the pool on an AsymNVM back-end; a writer that died there
+    /// is recovered first (its logged operations re-executed once).
+    pub fn open_remote(r: &RemotePool, size: u64, opts: Options) -> Result<Store> {
+        let io = |e: nvstore_asym::Error| {
+            Error::Engine(nvstore::Error::Io {
+                path: format!("asym:{}", r.addr).into(),
+                source: std::io::Error::other(e.to_string()),
+            })
+        };
+        let t = TcpTransport::connect(r.addr).map_err(|e| io(e.into()))?;
+        let so = SpaceOptions {
+            remote: RemoteOptions {
+                mode: r.mode,
+                batch: r.batch,
+                cache_bytes: r.cache as usize,
+                ..RemoteOptions::default()
+            },
+            name: r.name.clone(),
+            size,
+            ..SpaceOptions::default()
+        };
+        let o = nvstore_asym::open_db_as(t, &so, &opts, ServerSpace::Remote).map_err(io)?;
+        o.db.validate()?;
+        o.db.supports_versions()?;
+        Ok(Store {
+            db: o.db,
+            remote: Some(o.space),
+        })
     }
 
     /// The engine, for statistics.
-    pub fn db(&self) -> &Db {
+    pub fn db(&self) -> &Db<ServerSpace> {
         &self.db
     }
 
-    /// Closes the pool cleanly (the next open is instant).
+    /// Closes the pool cleanly (the next open is instant); a remote pool
+    /// sends what is left and releases the back-end's writer lock.
     pub fn close(self) -> Result<()> {
-        Ok(self.db.close()?)
+        self.db.close()?;
+        if let Some(r) = self.remote {
+            r.close().map_err(|e| {
+                Error::Engine(nvstore::Error::Io {
+                    path: r.path().into(),
+                    source: std::io::Error::other(e.to_string()),
+                })
+            })?;
+        }
+        Ok(())
     }
 
     pub fn snapshot(&self) -> Snapshot<'_> {

@@ -8,7 +8,7 @@ use crate::check::{self, CheckReport};
 use crate::error::{Error, Result};
 use crate::format::header::{self, EngineKind, Header, LeafKind, VERSION};
 use crate::hash::engine::{self as hash_engine, HashEngine};
-use crate::pmem::{FileSpace, FlushKind, OpenMode, Space};
+use crate::pmem::{FileSpace, FlushKind, OpenMode, Operation, Space};
 use crate::recovery::{self, Recovery, RecoveryKind};
 use crate::tree::adaptive::{self, Model, Strategy};
 use crate::tree::isle::Isle;
@@ -150,7 +150,15 @@ pub struct Db<S: Space = FileSpace> {
 impl Db<FileSpace> {
     /// Opens the pool at `path`, creating it if missing and `opts.create`.
     pub fn open(path: impl AsRef<Path>, opts: Options) -> Result<Db<FileSpace>> {
-        let path = path.as_ref();
+        Db::open_file_as(path.as_ref(), opts, |f| f)
+    }
+}
+
+impl<S: Space> Db<S> {
+    /// [`Db::open`] on a pool file whose mapping `wrap` turns into the space
+    /// the engine runs on (a server that runs on files or on other spaces
+    /// through one space type).
+    pub fn open_file_as(path: &Path, opts: Options, wrap: impl Fn(FileSpace) -> S) -> Result<Db<S>> {
         opts.validate()?;
         let exists = path.exists();
         let mode = if opts.read_only {
@@ -163,7 +171,7 @@ impl Db<FileSpace> {
             OpenMode::Open
         };
         if let OpenMode::Create { size } = mode {
-            let db = Db::create_file(path, size, &opts)?;
+            let db = Db::create_file(path, size, &opts, &wrap)?;
             db.start_adaptive(opts.adaptive, opts.latency_ns);
             return Ok(db);
         }
@@ -176,7 +184,7 @@ impl Db<FileSpace> {
             name: None,
         };
         let space = FileSpace::open(path, &fo)?;
-        let db = Db::open_space(space, path)?;
+        let db = Db::open_space(wrap(space), path)?;
         db.start_adaptive(opts.adaptive, opts.latency_ns);
         Ok(db)
     }
@@ -215,7 +223,7 @@ impl Db<FileSpace> {
     /// Writes a new pool under a temporary name and renames it into place
     /// once its header and first leaf are durable: a crash during creation
     /// leaves no half-made pool at `path`.
-    fn create_file(path: &Path, size: u64, opts: &Options) -> Result<Db<FileSpace>> {
+    fn create_file(path: &Path, size: u64, opts: &Options, wrap: &impl Fn(FileSpace) -> S) -> Result<Db<S>> {
         let mut tmp = path.as_os_str().to_owned();
         tmp.push(format!(".creating-{}", std::process::id()));
         let tmp = PathBuf::from(tmp);
@@ -228,7 +236,7 @@ impl Db<FileSpace> {
             name: Some(path.to_path_buf()),
         };
         let space = FileSpace::open(&tmp, &fo)?;
-        let db = match Db::create_in(space, path, opts) {
+        let db = match Db::create_in(wrap(space), path, opts) {
             Ok(db) => db,
             Err(e) => {
                 let _ = std::fs::remove_file(&tmp);
@@ -243,7 +251,9 @@ impl Db<FileSpace> {
         linked.map_err(|e| Error::io(path, e))?;
         Ok(db)
     }
+}
 
+impl Db<FileSpace> {
     /// Creates a new pool at `path`; fails if the file exists.
     pub fn create(path: impl AsRef<Path>, opts: Options) -> Result<Db<FileSpace>> {
         let path = path.as_ref();
@@ -391,8 +401,10 @@ impl<S: Space> Db<S> {
 
     /// Stores `value` under `key`; durable when it returns.
     pub fn put(&self, key: &[u8], value: &[u8]) -> Result<()> {
-        self.writable()?;
-        with_tree!(self, t => t.put(key, value), h => h.put(key, value))
+        self.space().logged(Operation::Put { key, value }, || {
+            self.writable()?;
+            with_tree!(self, t => t.put(key, value), h => h.put(key, value))
+        })
     }
 
     /// Replaces the value of `key` only if it exists (`SET key value XX`):
@@ -400,14 +412,18 @@ impl<S: Space> Db<S> {
     /// Durable when it returns. On a tree pool the check and the write
     /// are one descent of the tree, cheaper than `get` then `put`.
     pub fn update(&self, key: &[u8], value: &[u8]) -> Result<bool> {
-        self.writable()?;
-        with_tree!(self, t => t.update(key, value), h => h.update(key, value))
+        self.space().logged(Operation::Update { key, value }, || {
+            self.writable()?;
+            with_tree!(self, t => t.update(key, value), h => h.update(key, value))
+        })
     }
 
     /// Removes `key`; returns whether it was there. Durable when it returns.
     pub fn delete(&self, key: &[u8]) -> Result<bool> {
-        self.writable()?;
-        with_tree!(self, t => t.delete(key), h => h.delete(key))
+        self.space().logged(Operation::Delete { key }, || {
+            self.writable()?;
+            with_tree!(self, t => t.delete(key), h => h.delete(key))
+        })
     }
 
     /// Checks every leaf the index names against its format's rules

@@ -32,6 +32,8 @@ pub enum MappingKind {
     Shared,
     /// Shadow memory of the crash simulator.
     Simulated,
+    /// The data area of an AsymNVM back-end, reached over a transport.
+    Remote,
 }
 
 impl MappingKind {
@@ -40,6 +42,7 @@ impl MappingKind {
             MappingKind::MapSync => "map_sync",
             MappingKind::Shared => "shared",
             MappingKind::Simulated => "simulated",
+            MappingKind::Remote => "remote",
         }
     }
 }

@@ -7,7 +7,7 @@
 //! - [`FileSpace`]: a pool file mapped into a reserved virtual range
 //!   (`MAP_SYNC` where the file system offers DAX, else `MAP_SHARED`);
 //! - [`SimSpace`]: the crash simulator's shadow memory (README, "How crash safety is shown");
-//! - later, the remote back-end of AsymNVM.
+//! - `RemoteSpace` (crate nvstore-asym): the data area of an AsymNVM back-end.
 //!
 //! The engine is generic over `Space`, so the file implementation compiles to
 //! plain loads, stores and `clwb`.
@@ -111,6 +111,21 @@ pub trait Space: Send + Sync + 'static {
     #[inline]
     fn op_boundary(&self) {}
 
+    /// Runs `f`, the persistent effects of one write operation of `Db`,
+    /// described by `op`, and answers what `f` answers. A space that keeps
+    /// an operation log (the AsymNVM back-end's, AsymNVM §4.3) logs `op`
+    /// once `f` succeeded and may defer sending `f`'s flushed ranges to
+    /// the operation's end, re-executing logged operations after a crash;
+    /// everywhere else it just runs `f`.
+    #[inline]
+    fn logged<R>(&self, op: Operation<'_>, f: impl FnOnce() -> Result<R>) -> Result<R>
+    where
+        Self: Sized,
+    {
+        let _ = op;
+        f()
+    }
+
     /// Whether the space accepts writes.
     fn writable(&self) -> bool {
         true
@@ -155,6 +170,24 @@ pub trait Space: Send + Sync + 'static {
         self.flush(off, 8, flush);
         self.fence(fence);
     }
+}
+
+/// A write operation of `Db`, as [`Space::logged`] sees it: enough to
+/// execute it again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Operation<'a> {
+    Put {
+        key: &'a [u8],
+        value: &'a [u8],
+    },
+    /// A put only over a key that exists (`Db::update`).
+    Update {
+        key: &'a [u8],
+        value: &'a [u8],
+    },
+    Delete {
+        key: &'a [u8],
+    },
 }
 
 /// Rounds `v` up to a multiple of `align` (a power of two).

@@ -1,0 +1,43 @@
+//! `nvstore bench asym --structure nvtree`: the engine's NV-Tree on a
+//! back-end over loopback TCP, in every mode, with a small run.
+
+use nvstore_bench::{run_asym, AsymArgs};
+
+fn args(mode: &str, cache_pct: u64) -> AsymArgs {
+    AsymArgs {
+        structure: "nvtree".into(),
+        app: None,
+        scale: 0,
+        mode: mode.into(),
+        ops: 4000,
+        batch: 64,
+        cache_pct,
+        delay_us: 0,
+        connect: None,
+        json: true,
+    }
+}
+
+#[test]
+fn nvtree_runs_in_every_mode_and_rcb_writes_cost_one_round_trip_when_cached() {
+    let mut trips = Vec::new();
+    for mode in ["naive", "r", "rc", "rcb"] {
+        let r = run_asym(&args(mode, 100)).unwrap();
+        assert_eq!(r.structure, "nvtree");
+        assert_eq!(r.mode, mode);
+        assert_eq!(r.ops, 4000);
+        assert!(r.ops_per_sec > 0.0 && r.p50_ns > 0);
+        let json = serde_json::to_value(&r).unwrap();
+        for field in ["ops_per_sec", "round_trips_per_op", "bytes_per_op", "p50_ns", "p99_ns"] {
+            assert!(json[field].is_number(), "{field}");
+        }
+        trips.push(r.round_trips_per_op);
+    }
+    // naive: a tx_write per fence and a read per load; r: a tx_write per
+    // put and the reads; rc: the reads cached; rcb: the operation log (the
+    // batches ride with it). With a cache that holds the tree, rc and rcb
+    // only miss on leaves nobody read yet.
+    assert!(trips[0] > trips[1] && trips[1] > 2.0 * trips[2], "{trips:?}");
+    assert!(trips[2] >= 1.0 && trips[2] <= 1.1, "rc {trips:?}");
+    assert!(trips[3] >= 1.0 && trips[3] <= 1.1, "rcb {trips:?}");
+}

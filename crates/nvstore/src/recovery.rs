@@ -29,7 +29,7 @@ use crate::format::{header, saved};
 use crate::pmem::{points, Space, LINE};
 use crate::tree::index::{Bound, Entry};
 use crate::tree::leaf::LeafFormat;
-use crate::tree::{LeafRef, Tree};
+use crate::tree::{Leaf, Tree};
 
 /// The header's clean word holds the saved state's offset in its low 48 bits
 /// and the low 16 bits of the saved state's checksum above them, so the flag,
@@ -224,7 +224,7 @@ fn rebuild_from_leaves<S: Space, L: LeafFormat>(
         prev = max.clone();
         entries.push(Entry {
             max,
-            leaf: Arc::new(LeafRef::with(l.off, l.size, l.count)),
+            leaf: Arc::new(Leaf::<L>::with(l.off, l.size, l.count)),
         });
     }
     let alloc = Arc::new(Allocator::rebuild(
@@ -239,13 +239,13 @@ fn rebuild_from_leaves<S: Space, L: LeafFormat>(
             let off = Tree::<S, L>::create_first_leaf(s, &alloc, node_size)?;
             entries.push(Entry {
                 max: Bound::PosInf,
-                leaf: Arc::new(LeafRef::built(off, node_size, 0)),
+                leaf: Arc::new(Leaf::<L>::built(off, node_size, 0)),
             });
         } else {
             // Read-only view of a pool whose first leaf was never written.
             entries.push(Entry {
                 max: Bound::PosInf,
-                leaf: Arc::new(LeafRef::with(0, 0, 0)),
+                leaf: Arc::new(Leaf::<L>::with(0, 0, 0)),
             });
         }
     }
@@ -259,6 +259,9 @@ fn rebuild_from_leaves<S: Space, L: LeafFormat>(
         path.into(),
     ))
 }
+
+/// A saved clean state: live keys, the index entries, the allocated blocks.
+type SavedTree<St> = (u64, Vec<Entry<St>>, Vec<u64>);
 
 /// Loads the clean-shutdown state; `None` when it does not verify (then
 /// the caller rebuilds from the leaves).
@@ -290,7 +293,7 @@ fn load_saved<S: Space, L: LeafFormat>(
         return Ok(None);
     }
     let mut it = body.iter().copied();
-    let parse = |it: &mut dyn Iterator<Item = u64>| -> Option<(u64, Vec<Entry>, Vec<u64>)> {
+    let parse = |it: &mut dyn Iterator<Item = u64>| -> Option<SavedTree<L::State>> {
         let keys = it.next()?;
         let n = it.next()? as usize;
         let mut entries = Vec::with_capacity(n.min(1 << 24));
@@ -321,7 +324,7 @@ fn load_saved<S: Space, L: LeafFormat>(
             }
             entries.push(Entry {
                 max,
-                leaf: Arc::new(LeafRef::with(off, size, count)),
+                leaf: Arc::new(Leaf::<L>::with(off, size, count)),
             });
         }
         let na = it.next()? as usize;

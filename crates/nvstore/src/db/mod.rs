@@ -301,7 +301,7 @@ impl<S: Space> Db<S> {
             let leaf = Tree::<S, L>::create_first_leaf(&*space, &alloc, node_size)?;
             let entries = vec![crate::tree::index::Entry {
                 max: crate::tree::index::Bound::PosInf,
-                leaf: Arc::new(crate::tree::LeafRef::built(leaf, node_size, 0)),
+                leaf: Arc::new(crate::tree::Leaf::<L>::built(leaf, node_size, 0)),
             }];
             Ok(Arc::new(Tree::assemble(
                 space,

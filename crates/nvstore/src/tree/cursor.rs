@@ -19,7 +19,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
     /// The live elements of one leaf within the range, in key order. Values
     /// that live in blobs are read now, while the epoch is pinned; inline
     /// keys and values are materialised only when the iterator yields them.
-    fn leaf_range(&self, f: &Found, lo: &KeyBound, hi: &KeyBound, at: u64) -> Result<Vec<Pending>> {
+    fn leaf_range(&self, f: &Found<L::State>, lo: &KeyBound, hi: &KeyBound, at: u64) -> Result<Vec<Pending>> {
         self.sound(&f.leaf)?;
         Ok(L::collate_leaf(&*self.space, &f.leaf, Keep::At(at), lo, hi)
             .valid
@@ -157,7 +157,7 @@ impl Span {
     }
 
     /// The leaf that holds the next keys of the span.
-    fn route(&self, idx: &Index) -> Found {
+    fn route<St>(&self, idx: &Index<St>) -> Found<St> {
         if self.reverse {
             match &self.hi {
                 RB::Unbounded => idx.find_last(),
@@ -173,7 +173,7 @@ impl Span {
     }
 
     /// Drops the keys of leaf `f` (just visited) from the span.
-    fn advance(&mut self, f: &Found) {
+    fn advance<St>(&mut self, f: &Found<St>) {
         if self.reverse {
             match &f.low {
                 Bound::NegInf | Bound::PosInf => self.done = true,

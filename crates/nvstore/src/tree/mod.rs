@@ -53,24 +53,23 @@ pub const MAX_KEY: usize = 64 * 1024;
 /// Largest value, in bytes.
 pub const MAX_VALUE: usize = 16 * 1024 * 1024;
 
-/// DRAM handle of one leaf. Laid out in field order, the fields a lookup
-/// reads first (so they share the handle's first cache lines).
+/// DRAM handle of one leaf, with its format's own DRAM state `St`
+/// ([`LeafFormat::State`]; [`Leaf`] names the handle of a format). Laid
+/// out in field order, the fields a lookup reads first (so they share the
+/// handle's first cache lines): the generic words, then the format's state.
 #[repr(C)]
-pub struct LeafRef {
+pub struct LeafRef<St> {
     pub off: u64,
     pub size: u64,
     /// Elements known durable: readers scan up to here.
     pub durable: AtomicU64,
-    /// Formats that change published words in place (isle) make it odd
-    /// while they do and until the change is durable; readers retry when
-    /// it is odd or moved while they read.
-    pub seq: AtomicU64,
     /// Key words at or above this have moved to the right sibling (a split
     /// in place); a reader or writer that routed here with an older index
     /// routes again.
     pub high: AtomicU64,
-    /// Lookup hints of an nv leaf (fingerprints), DRAM only.
-    pub hints: std::sync::OnceLock<hints::Hints>,
+    /// What the leaf's format keeps of it in DRAM only (nv: lookup hints;
+    /// isle: the in-place change sequence), read by that format alone.
+    pub state: St,
     /// Whether the leaf passed [`LeafFormat::validate`] (`None`) or what
     /// is damaged in it; set on first use of a leaf read from media, at
     /// creation for a leaf this process built.
@@ -82,27 +81,29 @@ pub struct LeafRef {
     pub counters: LeafCounters,
 }
 
-impl LeafRef {
-    pub fn new(off: u64) -> LeafRef {
+/// The leaf handle of format `L`.
+pub type Leaf<L> = LeafRef<<L as LeafFormat>::State>;
+
+impl<St: Default> LeafRef<St> {
+    pub fn new(off: u64) -> Self {
         LeafRef::with(off, 0, 0)
     }
-    pub fn with(off: u64, size: u64, count: u64) -> LeafRef {
+    pub fn with(off: u64, size: u64, count: u64) -> Self {
         LeafRef {
             off,
             size,
             durable: AtomicU64::new(count),
+            high: AtomicU64::new(u64::MAX),
+            state: St::default(),
+            verdict: std::sync::OnceLock::new(),
             dead: AtomicBool::new(false),
             lock: Mutex::new(()),
-            seq: AtomicU64::new(0),
-            high: AtomicU64::new(u64::MAX),
             counters: LeafCounters::default(),
-            hints: std::sync::OnceLock::new(),
-            verdict: std::sync::OnceLock::new(),
         }
     }
 
     /// A handle of a leaf this process has just built: sound by construction.
-    pub fn built(off: u64, size: u64, count: u64) -> LeafRef {
+    pub fn built(off: u64, size: u64, count: u64) -> Self {
         let l = LeafRef::with(off, size, count);
         let _ = l.verdict.set(None);
         l
@@ -128,7 +129,7 @@ pub struct TreeStats {
 pub struct Tree<S: Space, L: LeafFormat> {
     pub space: Arc<S>,
     pub alloc: Arc<Allocator>,
-    pub index: ArcSwap<Index>,
+    pub index: ArcSwap<Index<L::State>>,
     structure: Mutex<()>,
     /// Serialises transaction commits (NV-Tree §6.1.1): at most one multi-leaf
     /// transaction is ever unfinished, so one header word records commits.
@@ -160,7 +161,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
     pub(crate) fn assemble(
         space: Arc<S>,
         alloc: Arc<Allocator>,
-        entries: Vec<Entry>,
+        entries: Vec<Entry<L::State>>,
         node_size: u64,
         keys: u64,
         last_ts: u64,
@@ -191,7 +192,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
     /// with the offset every time it is reached, and the tree refuses
     /// writes from then on.
     #[inline]
-    pub fn sound(&self, leaf: &LeafRef) -> Result<()> {
+    pub fn sound(&self, leaf: &Leaf<L>) -> Result<()> {
         let verdict = match leaf.verdict.get() {
             Some(v) => v,
             None => leaf.verdict.get_or_init(|| self.validate(leaf)),
@@ -206,36 +207,25 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
     }
 
     #[cold]
-    fn validate(&self, leaf: &LeafRef) -> Option<Damage> {
+    fn validate(&self, leaf: &Leaf<L>) -> Option<Damage> {
         if leaf.off == 0 && leaf.size == 0 {
             return None; // read-only view of a pool without a first leaf
         }
-        // As a reader of a format that changes words in place: again
-        // until no writer moved the leaf meanwhile.
-        loop {
-            let s1 = leaf.seq.load(Ordering::Acquire);
-            if s1 & 1 == 1 {
-                std::hint::spin_loop();
-                continue;
-            }
-            let r = L::validate(&*self.space, leaf.off, self.alloc.data_start());
-            std::sync::atomic::fence(Ordering::Acquire);
-            if leaf.seq.load(Ordering::Relaxed) != s1 {
-                continue;
-            }
-            let off = leaf.off;
-            return match r {
-                Err(d) => Some(d),
-                Ok((size, _)) if size != leaf.size => Some(Damage {
-                    off,
-                    what: format!("leaf {off} has size {size}, the index says {}", leaf.size),
-                }),
-                Ok((_, Some(count))) if leaf.durable.load(Ordering::Acquire) > count => Some(Damage {
-                    off,
-                    what: format!("leaf {off} count {count} is below the index's"),
-                }),
-                Ok(_) => None,
-            };
+        // With the format's reader protocol: a format that changes words
+        // in place reads again until no writer moved the leaf meanwhile.
+        let r = L::read_settled(leaf, || L::validate(&*self.space, leaf.off, self.alloc.data_start()));
+        let off = leaf.off;
+        match r {
+            Err(d) => Some(d),
+            Ok((size, _)) if size != leaf.size => Some(Damage {
+                off,
+                what: format!("leaf {off} has size {size}, the index says {}", leaf.size),
+            }),
+            Ok((_, Some(count))) if leaf.durable.load(Ordering::Acquire) > count => Some(Damage {
+                off,
+                what: format!("leaf {off} count {count} is below the index's"),
+            }),
+            Ok(_) => None,
         }
     }
 

@@ -18,7 +18,6 @@
 //!   crash during it is just another crash.
 
 use std::collections::BTreeSet;
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -69,26 +68,14 @@ struct LeafScan {
     blobs: Vec<u64>,
 }
 
-fn corrupt(path: &Path, what: String) -> Error {
-    Error::Corrupt {
-        path: path.into(),
-        off: None,
-        what,
-    }
-}
-
 /// Opens the tree of a pool whose header has been validated.
-pub fn open_tree<S: Space, L: LeafFormat>(
-    space: Arc<S>,
-    h: &header::Header,
-    path: &Path,
-) -> Result<(Tree<S, L>, Recovery)> {
+pub fn open_tree<S: Space, L: LeafFormat>(space: Arc<S>, h: &header::Header) -> Result<(Tree<S, L>, Recovery)> {
     let t = Instant::now();
     let s = &*space;
     let clean = s.load(header::CLEAN_STATE_OFF);
     let node_size = h.node_size as u64;
     if clean != 0 {
-        if let Some(loaded) = load_saved::<S, L>(&space, h, path, clean)? {
+        if let Some(loaded) = load_saved::<S, L>(&space, h, clean)? {
             let (tree, saved_block) = loaded;
             if s.writable() {
                 // Cleared before any other write: from here on a crash means rebuild.
@@ -108,7 +95,7 @@ pub fn open_tree<S: Space, L: LeafFormat>(
     if clean != 0 && s.writable() {
         header::set_root(s, header::CLEAN_STATE_OFF, 0);
     }
-    let tree = rebuild_from_leaves::<S, L>(space, h, path, node_size)?;
+    let tree = rebuild_from_leaves::<S, L>(space, h, node_size)?;
     Ok((
         tree,
         Recovery {
@@ -123,17 +110,17 @@ fn ms(t: Instant) -> f64 {
 }
 
 /// Walks the chain from the header's leaf head, validating each link.
-pub fn walk_chain<S: Space, L: LeafFormat>(s: &S, h: &header::Header, path: &Path) -> Result<Vec<u64>> {
+pub fn walk_chain<S: Space, L: LeafFormat>(s: &S, h: &header::Header) -> Result<Vec<u64>> {
     let pool = header::pool_size(s);
     let mut offs = Vec::new();
     let mut seen = BTreeSet::new();
     let mut at = s.load(header::LEAF_HEAD_OFF);
     while at != 0 {
         if !at.is_multiple_of(LINE) || at < h.data_start || at > pool.saturating_sub(leaf_nv::MIN_SIZE) {
-            return Err(corrupt(path, format!("leaf chain points at invalid offset {at}")));
+            return Err(Error::corrupt(format!("leaf chain points at invalid offset {at}")));
         }
         if !seen.insert(at) {
-            return Err(corrupt(path, format!("leaf chain has a cycle at {at}")));
+            return Err(Error::corrupt(format!("leaf chain has a cycle at {at}")));
         }
         offs.push(at);
         at = L::next(s, at);
@@ -141,8 +128,8 @@ pub fn walk_chain<S: Space, L: LeafFormat>(s: &S, h: &header::Header, path: &Pat
     Ok(offs)
 }
 
-fn scan_leaf<S: Space, L: LeafFormat>(s: &S, off: u64, committed: u64, path: &Path) -> Result<LeafScan> {
-    let sc = L::scan(s, off, committed).map_err(|w| corrupt(path, w))?;
+fn scan_leaf<S: Space, L: LeafFormat>(s: &S, off: u64, committed: u64) -> Result<LeafScan> {
+    let sc = L::scan(s, off, committed).map_err(Error::corrupt)?;
     Ok(LeafScan {
         off,
         size: sc.size,
@@ -158,11 +145,10 @@ fn scan_leaf<S: Space, L: LeafFormat>(s: &S, off: u64, committed: u64, path: &Pa
 fn rebuild_from_leaves<S: Space, L: LeafFormat>(
     space: Arc<S>,
     h: &header::Header,
-    path: &Path,
     node_size: u64,
 ) -> Result<Tree<S, L>> {
     let s = &*space;
-    let offs = walk_chain::<S, L>(s, h, path)?;
+    let offs = walk_chain::<S, L>(s, h)?;
     let committed = s.load(header::TXN_COMMIT_OFF);
     // Scan leaves on both cores (NV-Tree §4.6).
     let threads = std::thread::available_parallelism()
@@ -175,7 +161,7 @@ fn rebuild_from_leaves<S: Space, L: LeafFormat>(
             .map(|part| {
                 sc.spawn(move || {
                     part.iter()
-                        .map(|&o| scan_leaf::<S, L>(s, o, committed, path))
+                        .map(|&o| scan_leaf::<S, L>(s, o, committed))
                         .collect::<Result<Vec<_>>>()
                 })
             })
@@ -219,7 +205,7 @@ fn rebuild_from_leaves<S: Space, L: LeafFormat>(
             }
         };
         if max < prev {
-            return Err(corrupt(path, format!("leaf chain out of order at leaf {}", l.off)));
+            return Err(Error::corrupt(format!("leaf chain out of order at leaf {}", l.off)));
         }
         prev = max.clone();
         entries.push(Entry {
@@ -227,13 +213,7 @@ fn rebuild_from_leaves<S: Space, L: LeafFormat>(
             leaf: Arc::new(Leaf::<L>::with(l.off, l.size, l.count)),
         });
     }
-    let alloc = Arc::new(Allocator::rebuild(
-        s,
-        h.chunk_size,
-        h.data_start,
-        path.into(),
-        &reachable,
-    )?);
+    let alloc = Arc::new(Allocator::rebuild(s, h.chunk_size, h.data_start, &reachable)?);
     if entries.is_empty() {
         if s.writable() {
             let off = Tree::<S, L>::create_first_leaf(s, &alloc, node_size)?;
@@ -249,15 +229,7 @@ fn rebuild_from_leaves<S: Space, L: LeafFormat>(
             });
         }
     }
-    Ok(Tree::assemble(
-        space,
-        alloc,
-        entries,
-        node_size,
-        keys,
-        last_ts,
-        path.into(),
-    ))
+    Ok(Tree::assemble(space, alloc, entries, node_size, keys, last_ts))
 }
 
 /// A saved clean state: live keys, the index entries, the allocated blocks.
@@ -268,7 +240,6 @@ type SavedTree<St> = (u64, Vec<Entry<St>>, Vec<u64>);
 fn load_saved<S: Space, L: LeafFormat>(
     space: &Arc<S>,
     h: &header::Header,
-    path: &Path,
     clean_word: u64,
 ) -> Result<Option<(Tree<S, L>, u64)>> {
     let s = &**space;
@@ -335,11 +306,11 @@ fn load_saved<S: Space, L: LeafFormat>(
         return Ok(None);
     };
     // The saved leaves must be exactly the persistent chain, in order.
-    match walk_chain::<S, L>(s, h, path) {
+    match walk_chain::<S, L>(s, h) {
         Ok(chain) if chain.len() == entries.len() && chain.iter().zip(&entries).all(|(&c, e)| c == e.leaf.off) => {}
         _ => return Ok(None),
     }
-    let Ok(alloc) = Allocator::load(s, h.chunk_size, h.data_start, path.into(), &alloc_words) else {
+    let Ok(alloc) = Allocator::load(s, h.chunk_size, h.data_start, &alloc_words) else {
         return Ok(None);
     };
     // The state's own block is freed once loaded: it must be one.
@@ -348,15 +319,7 @@ fn load_saved<S: Space, L: LeafFormat>(
     }
     let alloc = Arc::new(alloc);
     let last_ts = s.load(header::LAST_TS_OFF).max(s.load(header::TXN_COMMIT_OFF));
-    let tree = Tree::assemble(
-        space.clone(),
-        alloc,
-        entries,
-        h.node_size as u64,
-        keys,
-        last_ts,
-        path.into(),
-    );
+    let tree = Tree::assemble(space.clone(), alloc, entries, h.node_size as u64, keys, last_ts);
     Ok(Some((tree, at)))
 }
 

@@ -91,7 +91,7 @@ pub fn read(path: &Path) -> Result<Salvaged> {
         ..FileOptions::default()
     };
     let s = FileSpace::open(path, &opts)?;
-    let h = Header::read(&s, path)?;
+    let h = Header::read(&s).map_err(|e| e.at(path))?;
     if h.engine == header::EngineKind::Hash {
         return Err(crate::Error::Unsupported(
             "salvage reads leaves; a hash pool has none (dump or scan it instead)".into(),
@@ -434,7 +434,7 @@ mod tests {
     fn an_undamaged_pool_salvages_whole() {
         for leaf in [LeafKind::Nv, LeafKind::Isle] {
             let (s, want) = pool(leaf);
-            let h = Header::read(&*s, Path::new("t.nvs")).unwrap();
+            let h = Header::read(&*s).unwrap();
             let (got, rep) = read_space(&*s, &h);
             assert!(rep.chain_whole && rep.skipped_elements == 0, "{leaf:?}: {rep:?}");
             assert_eq!(got, want, "{leaf:?}");
@@ -444,7 +444,7 @@ mod tests {
     #[test]
     fn a_broken_chain_is_bridged_by_the_chunk_headers() {
         let (s, want) = pool(LeafKind::Nv);
-        let h = Header::read(&*s, Path::new("t.nvs")).unwrap();
+        let h = Header::read(&*s).unwrap();
         let first = s.load(header::LEAF_HEAD_OFF);
         s.store(first + nv::NEXT_OFF, 12345);
         let (got, rep) = read_space(&*s, &h);
@@ -462,7 +462,7 @@ mod tests {
     #[test]
     fn a_damaged_element_is_skipped_alone() {
         let (s, want) = pool(LeafKind::Nv);
-        let h = Header::read(&*s, Path::new("t.nvs")).unwrap();
+        let h = Header::read(&*s).unwrap();
         let first = s.load(header::LEAF_HEAD_OFF);
         let layout = Layout::read(&*s, first);
         let count = s.load(first + nv::COUNT_OFF);
@@ -477,7 +477,7 @@ mod tests {
     #[test]
     fn a_cycle_in_the_chain_ends_the_walk() {
         let (s, _) = pool(LeafKind::Isle);
-        let h = Header::read(&*s, Path::new("t.nvs")).unwrap();
+        let h = Header::read(&*s).unwrap();
         let first = s.load(header::LEAF_HEAD_OFF);
         let second = s.load(first + il::NEXT_OFF) & !il::STALE;
         s.store(second + il::NEXT_OFF, first);

@@ -2,7 +2,6 @@
 //! (CCEH, Dash), one 8-byte publish per write, splits by copy-on-write.
 
 use std::collections::{BTreeSet, HashMap};
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -64,7 +63,6 @@ pub struct HashTable<S: Space> {
     space: Arc<S>,
     alloc: Arc<Allocator>,
     root_off: u64,
-    path: PathBuf,
     state: RwLock<State>,
     /// Segment splits since open (`stat`'s `splits` on a hash pool).
     splits: AtomicU64,
@@ -73,7 +71,7 @@ pub struct HashTable<S: Space> {
 impl<S: Space> HashTable<S> {
     /// Creates an empty table (one segment, global depth 0) and publishes
     /// it at `root_off`, which must hold 0.
-    pub fn create(space: Arc<S>, alloc: Arc<Allocator>, root_off: u64, path: PathBuf) -> Result<Self> {
+    pub fn create(space: Arc<S>, alloc: Arc<Allocator>, root_off: u64) -> Result<Self> {
         let seg = alloc.alloc(&*space, l::SEGMENT_BYTES)?;
         let dir = match alloc.alloc(&*space, l::dir_bytes(0)) {
             Ok(d) => d,
@@ -101,7 +99,6 @@ impl<S: Space> HashTable<S> {
             space,
             alloc,
             root_off,
-            path,
             state: RwLock::new(state),
             splits: AtomicU64::new(0),
         })
@@ -112,12 +109,8 @@ impl<S: Space> HashTable<S> {
     /// that its key hashes to where it is stored). Any violation is
     /// `Error::Corrupt`. Needs no allocator, so the caller can rebuild the
     /// allocator from [`Scan::reachable`] and then [`HashTable::open`].
-    pub fn recover(space: &S, root_off: u64, path: &std::path::Path) -> Result<Scan> {
-        let corrupt = |what: String| Error::Corrupt {
-            path: path.to_path_buf(),
-            off: None,
-            what: format!("hash table: {what}"),
-        };
+    pub fn recover(space: &S, root_off: u64) -> Result<Scan> {
+        let corrupt = |what: String| Error::corrupt(format!("hash table: {what}"));
         let size = space.size();
         let in_pool = |off: u64, len: u64| {
             off != 0 && off.is_multiple_of(LINE) && off.checked_add(len).is_some_and(|e| e <= size)
@@ -204,12 +197,11 @@ impl<S: Space> HashTable<S> {
     }
 
     /// Opens a recovered table with the pool's (rebuilt) allocator.
-    pub fn open(space: Arc<S>, alloc: Arc<Allocator>, root_off: u64, path: PathBuf, scan: Scan) -> Self {
+    pub fn open(space: Arc<S>, alloc: Arc<Allocator>, root_off: u64, scan: Scan) -> Self {
         HashTable {
             space,
             alloc,
             root_off,
-            path,
             state: RwLock::new(scan.state),
             splits: AtomicU64::new(0),
         }
@@ -350,7 +342,7 @@ impl<S: Space> HashTable<S> {
     /// `check` and `validate`; writers wait meanwhile).
     pub fn scan(&self) -> Result<Scan> {
         let _st = self.state.read();
-        Self::recover(&*self.space, self.root_off, &self.path)
+        Self::recover(&*self.space, self.root_off)
     }
 
     /// Every block the table references, read back from the pool (for the

@@ -27,7 +27,6 @@ pub mod split;
 
 use std::marker::PhantomData;
 use std::ops::Bound as RB;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -138,7 +137,6 @@ pub struct Tree<S: Space, L: LeafFormat> {
     pub node_size: u64,
     pub keys: AtomicI64,
     pub stats: TreeStats,
-    pub path: PathBuf,
     /// Test hook run after a split has published its new leaves and released
     /// its locks, before the splitting operation goes on (crash tests use it
     /// to let another writer act inside that window).
@@ -165,7 +163,6 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
         node_size: u64,
         keys: u64,
         last_ts: u64,
-        path: PathBuf,
     ) -> Self {
         let leaves = entries.len() as u64;
         Tree {
@@ -178,7 +175,6 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
             node_size,
             keys: AtomicI64::new(keys as i64),
             stats: TreeStats::default(),
-            path,
             split_hook: Mutex::new(None),
             adaptive: Profile::new(leaves, L::SEARCH_LINE_SHARE),
             damaged: AtomicBool::new(false),
@@ -201,7 +197,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
             None => Ok(()),
             Some(d) => {
                 self.damaged.store(true, Ordering::Relaxed);
-                Err(Error::corrupt_at(&self.path, d.off, d.what.clone()))
+                Err(Error::corrupt_at(d.off, d.what.clone()))
             }
         }
     }
@@ -233,15 +229,13 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
     #[inline]
     fn writable_tree(&self) -> Result<()> {
         if self.damaged.load(Ordering::Relaxed) {
-            return Err(Error::Corrupt {
-                path: self.path.clone(),
-                off: None,
-                what: "the pool is damaged (see `nvstore check`); writes are refused, `nvstore salvage` copies what is readable".into(),
-            });
+            return Err(Error::corrupt(
+                "the pool is damaged (see `nvstore check`); writes are refused, `nvstore salvage` copies what is readable",
+            ));
         }
         if !self.clock.has_room() {
             return Err(Error::ClockExhausted {
-                path: self.path.clone(),
+                path: Default::default(),
                 last: self.clock.last(),
                 limit: Clock::LIMIT,
             });

@@ -372,7 +372,6 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
             Some(e) => {
                 self.damaged.store(true, Ordering::Relaxed);
                 Err(Error::corrupt_at(
-                    &self.path,
                     leaf.off,
                     format!(
                         "leaf at offset {} holds key {:?} outside its key range",

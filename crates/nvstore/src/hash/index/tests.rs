@@ -160,8 +160,8 @@ fn rebuilds_from_the_hash_table() {
     let size = 4096 + 16 * 16384;
     let space = Arc::new(SimSpace::new(size));
     space.store(header::POOL_SIZE_OFF, size);
-    let alloc = Arc::new(Allocator::fresh(16384, 4096, size, "t".into()));
-    let table = HashTable::create(space, alloc, 2 * LINE, "t".into()).unwrap();
+    let alloc = Arc::new(Allocator::fresh(16384, 4096, size));
+    let table = HashTable::create(space, alloc, 2 * LINE).unwrap();
     let mut model = BTreeMap::new();
     for i in 0..700u32 {
         let k = format!("user/{:04}", (i * 37) % 1000).into_bytes();

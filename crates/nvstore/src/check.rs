@@ -49,7 +49,7 @@ pub fn check<S: Space, L: LeafFormat>(tree: &Tree<S, L>, h: &Header, path: &Path
     let mut r = CheckReport::default();
     let mut problems = Vec::new();
     let pool = header::pool_size(s);
-    let committed = s.load(header::TXN_COMMIT_OFF);
+    let committed = header::txn_committed(s);
     let last_ts = tree.clock.last();
     let chain = match recovery::walk_chain::<S, L>(s, h) {
         Ok(c) => c,

@@ -30,13 +30,6 @@ use crate::tree::index::{Bound, Entry};
 use crate::tree::leaf::LeafFormat;
 use crate::tree::{Leaf, Tree};
 
-/// The header's clean word holds the saved state's offset in its low 48 bits
-/// and the low 16 bits of the saved state's checksum above them, so the flag,
-/// the pointer and the identity of the state are published by one store.
-const CLEAN_TAG_SHIFT: u32 = 48;
-const CLEAN_OFFSET_MASK: u64 = (1 << CLEAN_TAG_SHIFT) - 1;
-const CLEAN_TAG_MASK: u64 = 0xffff;
-
 /// How the last open recovered.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -72,14 +65,14 @@ struct LeafScan {
 pub fn open_tree<S: Space, L: LeafFormat>(space: Arc<S>, h: &header::Header) -> Result<(Tree<S, L>, Recovery)> {
     let t = Instant::now();
     let s = &*space;
-    let clean = s.load(header::CLEAN_STATE_OFF);
+    let clean = header::clean_state(s);
     let node_size = h.node_size as u64;
     if clean != 0 {
         if let Some(loaded) = load_saved::<S, L>(&space, h, clean)? {
             let (tree, saved_block) = loaded;
             if s.writable() {
                 // Cleared before any other write: from here on a crash means rebuild.
-                header::set_root(s, header::CLEAN_STATE_OFF, 0);
+                header::set_clean_state(s, 0);
             }
             // DRAM only: a read-only open must count the saved block as free too.
             tree.alloc.free(saved_block);
@@ -93,7 +86,7 @@ pub fn open_tree<S: Space, L: LeafFormat>(space: Arc<S>, h: &header::Header) -> 
         }
     }
     if clean != 0 && s.writable() {
-        header::set_root(s, header::CLEAN_STATE_OFF, 0);
+        header::set_clean_state(s, 0);
     }
     let tree = rebuild_from_leaves::<S, L>(space, h, node_size)?;
     Ok((
@@ -114,7 +107,7 @@ pub fn walk_chain<S: Space, L: LeafFormat>(s: &S, h: &header::Header) -> Result<
     let pool = header::pool_size(s);
     let mut offs = Vec::new();
     let mut seen = BTreeSet::new();
-    let mut at = s.load(header::LEAF_HEAD_OFF);
+    let mut at = header::leaf_head(s);
     while at != 0 {
         if !at.is_multiple_of(LINE) || at < h.data_start || at > pool.saturating_sub(leaf_nv::MIN_SIZE) {
             return Err(Error::corrupt(format!("leaf chain points at invalid offset {at}")));
@@ -149,7 +142,7 @@ fn rebuild_from_leaves<S: Space, L: LeafFormat>(
 ) -> Result<Tree<S, L>> {
     let s = &*space;
     let offs = walk_chain::<S, L>(s, h)?;
-    let committed = s.load(header::TXN_COMMIT_OFF);
+    let committed = header::txn_committed(s);
     // Scan leaves on both cores (NV-Tree §4.6).
     let threads = std::thread::available_parallelism()
         .map_or(1, |n| n.get())
@@ -244,11 +237,11 @@ fn load_saved<S: Space, L: LeafFormat>(
 ) -> Result<Option<(Tree<S, L>, u64)>> {
     let s = &**space;
     let pool = header::pool_size(s);
-    let (at, tag) = (clean_word & CLEAN_OFFSET_MASK, clean_word >> CLEAN_TAG_SHIFT);
+    let (at, tag) = saved::clean_parts(clean_word);
     if !at.is_multiple_of(LINE) || at < h.data_start || at > pool.saturating_sub(16) {
         return Ok(None);
     }
-    let words = s.read_u64(at + 8) as usize;
+    let words = saved::words_at(s, at) as usize;
     if words < saved::BODY_W || words as u64 > (pool - at) / 8 {
         return Ok(None);
     }
@@ -260,7 +253,7 @@ fn load_saved<S: Space, L: LeafFormat>(
         .collect();
     let Some(body) = saved::open(&all) else { return Ok(None) };
     // A stale saved state left at the same offset by an earlier close has another checksum.
-    if all[saved::CRC_W] & CLEAN_TAG_MASK != tag {
+    if saved::tag(&all) != tag {
         return Ok(None);
     }
     let mut it = body.iter().copied();
@@ -318,7 +311,7 @@ fn load_saved<S: Space, L: LeafFormat>(
         return Ok(None);
     }
     let alloc = Arc::new(alloc);
-    let last_ts = s.load(header::LAST_TS_OFF).max(s.load(header::TXN_COMMIT_OFF));
+    let last_ts = header::last_ts(s).max(header::txn_committed(s));
     let tree = Tree::assemble(space.clone(), alloc, entries, h.node_size as u64, keys, last_ts);
     Ok(Some((tree, at)))
 }
@@ -371,9 +364,8 @@ pub fn save_clean<S: Space, L: LeafFormat>(tree: &Tree<S, L>) -> Result<()> {
         // orders this flush too, and a clean word that reaches the media
         // before the state does is harmless: the state fails its checksum or
         // its tag, and the next open rebuilds from the leaves.
-        let tag = sealed[saved::CRC_W] & CLEAN_TAG_MASK;
-        header::set_root(s, header::LAST_TS_OFF, tree.clock.last());
-        header::set_root(s, header::CLEAN_STATE_OFF, block | (tag << CLEAN_TAG_SHIFT));
+        header::set_last_ts(s, tree.clock.last());
+        header::set_clean_state(s, saved::clean_word(block, &sealed));
         return s.sync();
     }
 }

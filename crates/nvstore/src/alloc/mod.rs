@@ -285,7 +285,7 @@ impl Allocator {
         // The file may have grown by more than asked (alignment); use whole chunks of it.
         let new_end = old + (space.size() - old) / self.chunk * self.chunk;
         // The new extent reads as zero: free chunks. Publish the size after the file grew.
-        header::set_root(space, header::POOL_SIZE_OFF, new_end);
+        header::set_pool_size(space, new_end);
         insert_free(&mut st.free_chunks, old, (new_end - old) / self.chunk, self.chunk);
         st.pool_end = new_end;
         Ok(())

@@ -193,16 +193,14 @@ impl Db<FileSpace> {
         }
         if s != Strategy::Off {
             let space = self.space();
-            let off = header::CALIBRATION_OFF;
-            let cached = Model::decode([space.load(off), space.load(off + 8)], latency_ns);
+            let cached = Model::decode(header::calibration(space), latency_ns);
             let model = match cached {
                 Some(m) => m,
                 // A pool too full for the scratch block still opens.
                 None if space.writable() => match adaptive::calibrate(space, self.alloc()) {
                     Ok(m) => {
                         let [a, b] = m.encode(latency_ns);
-                        header::set_root(space, off, a);
-                        header::set_root(space, off + 8, b);
+                        header::set_calibration(space, [a, b]);
                         // As the next open will read it back.
                         Model::decode([a, b], latency_ns).unwrap_or(m)
                     }
@@ -344,7 +342,7 @@ impl<S: Space> Db<S> {
 
     fn open_unnamed(space: S, path: &Path) -> Result<Db<S>> {
         let mut h = Header::read(&space)?;
-        let was_clean = space.load(header::CLEAN_STATE_OFF) != 0;
+        let was_clean = header::clean_state(&space) != 0;
         let space = Arc::new(space);
         let (engine, recovery) = match (h.engine, h.leaf_format) {
             (EngineKind::Hash, _) => {

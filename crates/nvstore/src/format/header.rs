@@ -297,6 +297,58 @@ pub const fn leaf_head_word() -> u64 {
     LEAF_HEAD_OFF
 }
 
+/// The first leaf of the chain (0 before the pool has one).
+#[inline]
+pub fn leaf_head<S: Space>(space: &S) -> u64 {
+    space.load(LEAF_HEAD_OFF)
+}
+
+/// The clean-shutdown word: 0 while the pool is open for writing or after
+/// a crash; otherwise where the saved state is (`format/saved.rs`).
+#[inline]
+pub fn clean_state<S: Space>(space: &S) -> u64 {
+    space.load(CLEAN_STATE_OFF)
+}
+
+/// Stores and persists the clean-shutdown word.
+pub fn set_clean_state<S: Space>(space: &S, word: u64) {
+    set_root(space, CLEAN_STATE_OFF, word);
+}
+
+/// The newest commit timestamp saved at clean shutdown.
+#[inline]
+pub fn last_ts<S: Space>(space: &S) -> u64 {
+    space.load(LAST_TS_OFF)
+}
+
+/// Stores and persists the newest commit timestamp (clean shutdown).
+pub fn set_last_ts<S: Space>(space: &S, ts: u64) {
+    set_root(space, LAST_TS_OFF, ts);
+}
+
+/// The two words of the cached adaptive cost model.
+pub fn calibration<S: Space>(space: &S) -> [u64; 2] {
+    [space.load(CALIBRATION_OFF), space.load(CALIBRATION_OFF + 8)]
+}
+
+/// Stores and persists the cached adaptive cost model, one word after the
+/// other.
+pub fn set_calibration<S: Space>(space: &S, words: [u64; 2]) {
+    set_root(space, CALIBRATION_OFF, words[0]);
+    set_root(space, CALIBRATION_OFF + 8, words[1]);
+}
+
+/// Address of the hash engine's root word (the table's directory).
+#[inline]
+pub const fn hash_root_word() -> u64 {
+    HASH_ROOT_OFF
+}
+
+/// Stores and persists the pool size (the allocator grew the pool).
+pub fn set_pool_size<S: Space>(space: &S, size: u64) {
+    set_root(space, POOL_SIZE_OFF, size);
+}
+
 /// Address of the `txn_commit` word: the newest multi-leaf commit record.
 #[inline]
 pub const fn txn_commit_word() -> u64 {

@@ -55,7 +55,7 @@ impl<S: Space> HashEngine<S> {
     /// before the header is written, so a pool whose creation crashed is
     /// either "not a pool" or a pool with a whole, empty table.
     pub fn create(space: Arc<S>, alloc: Arc<Allocator>) -> Result<HashEngine<S>> {
-        let table = HashTable::create(space.clone(), alloc.clone(), header::HASH_ROOT_OFF)?;
+        let table = HashTable::create(space.clone(), alloc.clone(), header::hash_root_word())?;
         Ok(HashEngine {
             space,
             alloc,
@@ -74,12 +74,12 @@ impl<S: Space> HashEngine<S> {
     pub fn open(space: Arc<S>, h: &Header) -> Result<(HashEngine<S>, Recovery)> {
         let t = Instant::now();
         let s = &*space;
-        let scan = HashTable::recover(s, header::HASH_ROOT_OFF)?;
+        let scan = HashTable::recover(s, header::hash_root_word())?;
         let alloc = Arc::new(Allocator::rebuild(s, h.chunk_size, h.data_start, &scan.reachable)?);
-        if s.writable() && s.load(header::CLEAN_STATE_OFF) != 0 {
-            header::set_root(s, header::CLEAN_STATE_OFF, 0);
+        if s.writable() && header::clean_state(s) != 0 {
+            header::set_clean_state(s, 0);
         }
-        let table = HashTable::open(space.clone(), alloc.clone(), header::HASH_ROOT_OFF, scan);
+        let table = HashTable::open(space.clone(), alloc.clone(), header::hash_root_word(), scan);
         let index = Index::rebuild(&table, index::ORDER, |_, _| ());
         let engine = HashEngine {
             space,
@@ -186,7 +186,7 @@ impl<S: Space> HashEngine<S> {
     /// Marks the pool cleanly closed (one root store) and syncs.
     pub fn close_clean(&self) -> Result<()> {
         let _w = self.writer.lock();
-        header::set_root(&*self.space, header::CLEAN_STATE_OFF, CLEAN_MARK);
+        header::set_clean_state(&*self.space, CLEAN_MARK);
         self.space.sync()
     }
 

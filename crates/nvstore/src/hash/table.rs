@@ -545,7 +545,7 @@ fn slot_key<S: Space>(s: &S, w: &Slot, meta: Meta) -> Vec<u8> {
         None => {
             let (kl, _) = blob::lens(s.read_u64(w[1]));
             let mut k = vec![0u8; kl as usize];
-            s.read(w[1] + blob::DATA_OFF, &mut k);
+            s.read(blob::key_at(w[1]), &mut k);
             k
         }
     }
@@ -568,7 +568,7 @@ fn slot_value<S: Space>(s: &S, w: &Slot, meta: Meta) -> Vec<u8> {
         None => {
             let (kl, vl) = blob::lens(s.read_u64(w[1]));
             let mut v = vec![0u8; vl as usize];
-            s.read(w[1] + blob::DATA_OFF + kl, &mut v);
+            s.read(blob::value_at(w[1], kl), &mut v);
             v
         }
     }
@@ -576,7 +576,7 @@ fn slot_value<S: Space>(s: &S, w: &Slot, meta: Meta) -> Vec<u8> {
 
 /// A blob reference is inside the pool and its lengths match the slot.
 fn validate_blob<S: Space>(s: &S, b: u64, meta: Meta, size: u64) -> std::result::Result<(), String> {
-    if b == 0 || !b.is_multiple_of(LINE) || b.saturating_add(blob::DATA_OFF) > size {
+    if b == 0 || !b.is_multiple_of(LINE) || b.saturating_add(blob::size(0, 0)) > size {
         return Err(format!("invalid blob reference {b}"));
     }
     let (kl, vl) = blob::lens(s.read_u64(b));
@@ -593,7 +593,7 @@ fn validate_blob<S: Space>(s: &S, b: u64, meta: Meta, size: u64) -> std::result:
     if !key_ok || !value_ok {
         return Err(format!("blob {b} lengths ({kl}, {vl}) do not match the slot"));
     }
-    if b + blob::DATA_OFF + kl + vl > size {
+    if blob::value_at(b, kl) + vl > size {
         return Err(format!("blob {b} overruns the pool"));
     }
     Ok(())

@@ -22,8 +22,8 @@ const POOL: u64 = DATA_START + 16 * CHUNK;
 
 fn pool() -> (Arc<SimSpace>, Arc<Allocator>) {
     let space = Arc::new(SimSpace::new(POOL));
-    space.store(header::POOL_SIZE_OFF, POOL);
-    space.persist(header::POOL_SIZE_OFF, 8, points::ROOT_FLUSH, points::ROOT_FENCE);
+    space.store(header::pool_size_word(), POOL);
+    space.persist(header::pool_size_word(), 8, points::ROOT_FLUSH, points::ROOT_FENCE);
     let alloc = Arc::new(Allocator::fresh(CHUNK, DATA_START, POOL));
     (space, alloc)
 }

@@ -21,6 +21,7 @@
 //!     leaf's lines are each in strictly increasing key order, with valid codes.
 
 use std::collections::BTreeSet;
+use std::path::Path;
 
 use crate::format::header::{self, Header};
 use crate::pmem::Space;
@@ -42,17 +43,18 @@ pub struct CheckReport {
     pub problems: Vec<String>,
 }
 
-pub fn check<S: Space, L: LeafFormat>(tree: &Tree<S, L>, h: &Header) -> CheckReport {
+/// `path` names the pool file in problems reported as errors.
+pub fn check<S: Space, L: LeafFormat>(tree: &Tree<S, L>, h: &Header, path: &Path) -> CheckReport {
     let s = &*tree.space;
     let mut r = CheckReport::default();
     let mut problems = Vec::new();
     let pool = header::pool_size(s);
-    let committed = s.load(header::TXN_COMMIT_OFF);
+    let committed = header::txn_committed(s);
     let last_ts = tree.clock.last();
-    let chain = match recovery::walk_chain::<S, L>(s, h, &tree.path) {
+    let chain = match recovery::walk_chain::<S, L>(s, h) {
         Ok(c) => c,
         Err(e) => {
-            r.problems.push(e.to_string());
+            r.problems.push(e.at(path).to_string());
             return r;
         }
     };

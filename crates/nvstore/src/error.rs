@@ -1,7 +1,9 @@
 //! Typed errors. Every error names the problem and, where there is one, the
 //! pool file; none of them is raised after a partial change to the pool.
+//! Engine code builds them without the pool file's path; [`crate::Db`]
+//! attaches it once, at open and in its public methods ([`Error::at`]).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -93,13 +95,60 @@ pub enum Error {
 }
 
 impl Error {
-    /// Damage found at pool offset `off` (of a leaf, an element or a blob).
-    pub fn corrupt_at(path: impl Into<PathBuf>, off: u64, what: impl Into<String>) -> Error {
+    /// Damage found in the pool where no offset is known. Engine code
+    /// builds errors without the pool's path: the [`crate::Db`] that met
+    /// it attaches the path once ([`Error::at`]).
+    pub(crate) fn corrupt(what: impl Into<String>) -> Error {
         Error::Corrupt {
-            path: path.into(),
+            path: PathBuf::new(),
+            off: None,
+            what: what.into(),
+        }
+    }
+
+    /// Damage found at pool offset `off` (of a leaf, an element or a
+    /// blob), without the pool's path (see [`Error::corrupt`]).
+    pub(crate) fn corrupt_at(off: u64, what: impl Into<String>) -> Error {
+        Error::Corrupt {
+            path: PathBuf::new(),
             off: Some(off),
             what: what.into(),
         }
+    }
+
+    /// This error naming the pool file `pool`, where it names a pool file
+    /// and does not name one yet. The engine reports errors without the
+    /// path; [`crate::Db`] (at open and in its public methods) attaches it.
+    pub fn at(mut self, pool: &Path) -> Error {
+        use Error::*;
+        match &mut self {
+            NotAPool { path }
+            | WrongVersion { path, .. }
+            | BadChecksum { path }
+            | Truncated { path, .. }
+            | PoolFull { path, .. }
+            | DiskFull { path }
+            | Locked { path }
+            | PermissionDenied { path }
+            | NotFound { path }
+            | AlreadyExists { path }
+            | Corrupt { path, .. }
+            | ClockExhausted { path, .. }
+            | Io { path, .. } => {
+                if path.as_os_str().is_empty() {
+                    *path = pool.to_path_buf();
+                }
+            }
+            KeyTooLarge { .. }
+            | ValueTooLarge { .. }
+            | InvalidOption(_)
+            | ReadOnly
+            | Unsupported(_)
+            | Conflict
+            | Closed
+            | WorkerPanic(_) => {}
+        }
+        self
     }
 
     /// Whether this error reports damaged media.

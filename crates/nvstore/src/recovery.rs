@@ -18,7 +18,6 @@
 //!   crash during it is just another crash.
 
 use std::collections::BTreeSet;
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -29,14 +28,7 @@ use crate::format::{header, saved};
 use crate::pmem::{points, Space, LINE};
 use crate::tree::index::{Bound, Entry};
 use crate::tree::leaf::LeafFormat;
-use crate::tree::{LeafRef, Tree};
-
-/// The header's clean word holds the saved state's offset in its low 48 bits
-/// and the low 16 bits of the saved state's checksum above them, so the flag,
-/// the pointer and the identity of the state are published by one store.
-const CLEAN_TAG_SHIFT: u32 = 48;
-const CLEAN_OFFSET_MASK: u64 = (1 << CLEAN_TAG_SHIFT) - 1;
-const CLEAN_TAG_MASK: u64 = 0xffff;
+use crate::tree::{Leaf, Tree};
 
 /// How the last open recovered.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
@@ -69,30 +61,18 @@ struct LeafScan {
     blobs: Vec<u64>,
 }
 
-fn corrupt(path: &Path, what: String) -> Error {
-    Error::Corrupt {
-        path: path.into(),
-        off: None,
-        what,
-    }
-}
-
 /// Opens the tree of a pool whose header has been validated.
-pub fn open_tree<S: Space, L: LeafFormat>(
-    space: Arc<S>,
-    h: &header::Header,
-    path: &Path,
-) -> Result<(Tree<S, L>, Recovery)> {
+pub fn open_tree<S: Space, L: LeafFormat>(space: Arc<S>, h: &header::Header) -> Result<(Tree<S, L>, Recovery)> {
     let t = Instant::now();
     let s = &*space;
-    let clean = s.load(header::CLEAN_STATE_OFF);
+    let clean = header::clean_state(s);
     let node_size = h.node_size as u64;
     if clean != 0 {
-        if let Some(loaded) = load_saved::<S, L>(&space, h, path, clean)? {
+        if let Some(loaded) = load_saved::<S, L>(&space, h, clean)? {
             let (tree, saved_block) = loaded;
             if s.writable() {
                 // Cleared before any other write: from here on a crash means rebuild.
-                header::set_root(s, header::CLEAN_STATE_OFF, 0);
+                header::set_clean_state(s, 0);
             }
             // DRAM only: a read-only open must count the saved block as free too.
             tree.alloc.free(saved_block);
@@ -106,9 +86,9 @@ pub fn open_tree<S: Space, L: LeafFormat>(
         }
     }
     if clean != 0 && s.writable() {
-        header::set_root(s, header::CLEAN_STATE_OFF, 0);
+        header::set_clean_state(s, 0);
     }
-    let tree = rebuild_from_leaves::<S, L>(space, h, path, node_size)?;
+    let tree = rebuild_from_leaves::<S, L>(space, h, node_size)?;
     Ok((
         tree,
         Recovery {
@@ -123,17 +103,17 @@ fn ms(t: Instant) -> f64 {
 }
 
 /// Walks the chain from the header's leaf head, validating each link.
-pub fn walk_chain<S: Space, L: LeafFormat>(s: &S, h: &header::Header, path: &Path) -> Result<Vec<u64>> {
+pub fn walk_chain<S: Space, L: LeafFormat>(s: &S, h: &header::Header) -> Result<Vec<u64>> {
     let pool = header::pool_size(s);
     let mut offs = Vec::new();
     let mut seen = BTreeSet::new();
-    let mut at = s.load(header::LEAF_HEAD_OFF);
+    let mut at = header::leaf_head(s);
     while at != 0 {
         if !at.is_multiple_of(LINE) || at < h.data_start || at > pool.saturating_sub(leaf_nv::MIN_SIZE) {
-            return Err(corrupt(path, format!("leaf chain points at invalid offset {at}")));
+            return Err(Error::corrupt(format!("leaf chain points at invalid offset {at}")));
         }
         if !seen.insert(at) {
-            return Err(corrupt(path, format!("leaf chain has a cycle at {at}")));
+            return Err(Error::corrupt(format!("leaf chain has a cycle at {at}")));
         }
         offs.push(at);
         at = L::next(s, at);
@@ -141,8 +121,8 @@ pub fn walk_chain<S: Space, L: LeafFormat>(s: &S, h: &header::Header, path: &Pat
     Ok(offs)
 }
 
-fn scan_leaf<S: Space, L: LeafFormat>(s: &S, off: u64, committed: u64, path: &Path) -> Result<LeafScan> {
-    let sc = L::scan(s, off, committed).map_err(|w| corrupt(path, w))?;
+fn scan_leaf<S: Space, L: LeafFormat>(s: &S, off: u64, committed: u64) -> Result<LeafScan> {
+    let sc = L::scan(s, off, committed).map_err(Error::corrupt)?;
     Ok(LeafScan {
         off,
         size: sc.size,
@@ -158,12 +138,11 @@ fn scan_leaf<S: Space, L: LeafFormat>(s: &S, off: u64, committed: u64, path: &Pa
 fn rebuild_from_leaves<S: Space, L: LeafFormat>(
     space: Arc<S>,
     h: &header::Header,
-    path: &Path,
     node_size: u64,
 ) -> Result<Tree<S, L>> {
     let s = &*space;
-    let offs = walk_chain::<S, L>(s, h, path)?;
-    let committed = s.load(header::TXN_COMMIT_OFF);
+    let offs = walk_chain::<S, L>(s, h)?;
+    let committed = header::txn_committed(s);
     // Scan leaves on both cores (NV-Tree §4.6).
     let threads = std::thread::available_parallelism()
         .map_or(1, |n| n.get())
@@ -175,7 +154,7 @@ fn rebuild_from_leaves<S: Space, L: LeafFormat>(
             .map(|part| {
                 sc.spawn(move || {
                     part.iter()
-                        .map(|&o| scan_leaf::<S, L>(s, o, committed, path))
+                        .map(|&o| scan_leaf::<S, L>(s, o, committed))
                         .collect::<Result<Vec<_>>>()
                 })
             })
@@ -219,62 +198,50 @@ fn rebuild_from_leaves<S: Space, L: LeafFormat>(
             }
         };
         if max < prev {
-            return Err(corrupt(path, format!("leaf chain out of order at leaf {}", l.off)));
+            return Err(Error::corrupt(format!("leaf chain out of order at leaf {}", l.off)));
         }
         prev = max.clone();
         entries.push(Entry {
             max,
-            leaf: Arc::new(LeafRef::with(l.off, l.size, l.count)),
+            leaf: Arc::new(Leaf::<L>::with(l.off, l.size, l.count)),
         });
     }
-    let alloc = Arc::new(Allocator::rebuild(
-        s,
-        h.chunk_size,
-        h.data_start,
-        path.into(),
-        &reachable,
-    )?);
+    let alloc = Arc::new(Allocator::rebuild(s, h.chunk_size, h.data_start, &reachable)?);
     if entries.is_empty() {
         if s.writable() {
             let off = Tree::<S, L>::create_first_leaf(s, &alloc, node_size)?;
             entries.push(Entry {
                 max: Bound::PosInf,
-                leaf: Arc::new(LeafRef::built(off, node_size, 0)),
+                leaf: Arc::new(Leaf::<L>::built(off, node_size, 0)),
             });
         } else {
             // Read-only view of a pool whose first leaf was never written.
             entries.push(Entry {
                 max: Bound::PosInf,
-                leaf: Arc::new(LeafRef::with(0, 0, 0)),
+                leaf: Arc::new(Leaf::<L>::with(0, 0, 0)),
             });
         }
     }
-    Ok(Tree::assemble(
-        space,
-        alloc,
-        entries,
-        node_size,
-        keys,
-        last_ts,
-        path.into(),
-    ))
+    Ok(Tree::assemble(space, alloc, entries, node_size, keys, last_ts))
 }
+
+/// A saved clean state: live keys, the index entries, the allocated blocks.
+type SavedTree<St> = (u64, Vec<Entry<St>>, Vec<u64>);
 
 /// Loads the clean-shutdown state; `None` when it does not verify (then
 /// the caller rebuilds from the leaves).
 fn load_saved<S: Space, L: LeafFormat>(
     space: &Arc<S>,
     h: &header::Header,
-    path: &Path,
     clean_word: u64,
 ) -> Result<Option<(Tree<S, L>, u64)>> {
     let s = &**space;
     let pool = header::pool_size(s);
-    let (at, tag) = (clean_word & CLEAN_OFFSET_MASK, clean_word >> CLEAN_TAG_SHIFT);
+    let (at, tag) = saved::clean_parts(clean_word);
     if !at.is_multiple_of(LINE) || at < h.data_start || at > pool.saturating_sub(16) {
         return Ok(None);
     }
-    let words = s.read_u64(at + 8) as usize;
+    let words = saved::words_at(s, at) as usize;
     if words < saved::BODY_W || words as u64 > (pool - at) / 8 {
         return Ok(None);
     }
@@ -286,11 +253,11 @@ fn load_saved<S: Space, L: LeafFormat>(
         .collect();
     let Some(body) = saved::open(&all) else { return Ok(None) };
     // A stale saved state left at the same offset by an earlier close has another checksum.
-    if all[saved::CRC_W] & CLEAN_TAG_MASK != tag {
+    if saved::tag(&all) != tag {
         return Ok(None);
     }
     let mut it = body.iter().copied();
-    let parse = |it: &mut dyn Iterator<Item = u64>| -> Option<(u64, Vec<Entry>, Vec<u64>)> {
+    let parse = |it: &mut dyn Iterator<Item = u64>| -> Option<SavedTree<L::State>> {
         let keys = it.next()?;
         let n = it.next()? as usize;
         let mut entries = Vec::with_capacity(n.min(1 << 24));
@@ -321,7 +288,7 @@ fn load_saved<S: Space, L: LeafFormat>(
             }
             entries.push(Entry {
                 max,
-                leaf: Arc::new(LeafRef::with(off, size, count)),
+                leaf: Arc::new(Leaf::<L>::with(off, size, count)),
             });
         }
         let na = it.next()? as usize;
@@ -332,11 +299,11 @@ fn load_saved<S: Space, L: LeafFormat>(
         return Ok(None);
     };
     // The saved leaves must be exactly the persistent chain, in order.
-    match walk_chain::<S, L>(s, h, path) {
+    match walk_chain::<S, L>(s, h) {
         Ok(chain) if chain.len() == entries.len() && chain.iter().zip(&entries).all(|(&c, e)| c == e.leaf.off) => {}
         _ => return Ok(None),
     }
-    let Ok(alloc) = Allocator::load(s, h.chunk_size, h.data_start, path.into(), &alloc_words) else {
+    let Ok(alloc) = Allocator::load(s, h.chunk_size, h.data_start, &alloc_words) else {
         return Ok(None);
     };
     // The state's own block is freed once loaded: it must be one.
@@ -344,16 +311,8 @@ fn load_saved<S: Space, L: LeafFormat>(
         return Ok(None);
     }
     let alloc = Arc::new(alloc);
-    let last_ts = s.load(header::LAST_TS_OFF).max(s.load(header::TXN_COMMIT_OFF));
-    let tree = Tree::assemble(
-        space.clone(),
-        alloc,
-        entries,
-        h.node_size as u64,
-        keys,
-        last_ts,
-        path.into(),
-    );
+    let last_ts = header::last_ts(s).max(header::txn_committed(s));
+    let tree = Tree::assemble(space.clone(), alloc, entries, h.node_size as u64, keys, last_ts);
     Ok(Some((tree, at)))
 }
 
@@ -405,9 +364,8 @@ pub fn save_clean<S: Space, L: LeafFormat>(tree: &Tree<S, L>) -> Result<()> {
         // orders this flush too, and a clean word that reaches the media
         // before the state does is harmless: the state fails its checksum or
         // its tag, and the next open rebuilds from the leaves.
-        let tag = sealed[saved::CRC_W] & CLEAN_TAG_MASK;
-        header::set_root(s, header::LAST_TS_OFF, tree.clock.last());
-        header::set_root(s, header::CLEAN_STATE_OFF, block | (tag << CLEAN_TAG_SHIFT));
+        header::set_last_ts(s, tree.clock.last());
+        header::set_clean_state(s, saved::clean_word(block, &sealed));
         return s.sync();
     }
 }

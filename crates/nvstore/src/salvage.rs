@@ -26,8 +26,8 @@ use std::path::Path;
 use crate::error::Result;
 use crate::format::chunk::{ChunkHeader, FIRST_BLOCK};
 use crate::format::header::{self, Header, LeafKind};
-use crate::format::leaf_isle::{self as il, Kind};
-use crate::format::leaf_nv::{self as nv, Layout, Meta};
+use crate::format::leaf_isle::{self as il, IsleLeaf, Kind};
+use crate::format::leaf_nv::{self as nv, Layout, Meta, NvLeaf};
 use crate::format::{blob, validate};
 use crate::pmem::file::FileOptions;
 use crate::pmem::{FileSpace, OpenMode, Space, LINE};
@@ -91,7 +91,7 @@ pub fn read(path: &Path) -> Result<Salvaged> {
         ..FileOptions::default()
     };
     let s = FileSpace::open(path, &opts)?;
-    let h = Header::read(&s, path)?;
+    let h = Header::read(&s).map_err(|e| e.at(path))?;
     if h.engine == header::EngineKind::Hash {
         return Err(crate::Error::Unsupported(
             "salvage reads leaves; a hash pool has none (dump or scan it instead)".into(),
@@ -110,16 +110,16 @@ pub fn read(path: &Path) -> Result<Salvaged> {
 pub fn read_space<S: Space>(s: &S, h: &Header) -> (Records, SalvageReport) {
     let mut rep = SalvageReport::default();
     let pool = header::pool_size(s).min(s.size());
-    let committed = s.load(header::TXN_COMMIT_OFF);
+    let committed = header::txn_committed(s);
     let mut claims: BTreeMap<Vec<u8>, Claim> = BTreeMap::new();
     let mut order = 0u64;
 
     // The chain, tolerantly.
     let mut seen = HashSet::new();
-    let mut at = s.load(header::LEAF_HEAD_OFF);
+    let mut at = header::leaf_head(s);
     let next_off = |s: &S, leaf: u64| match h.leaf_format {
-        LeafKind::Nv => s.load(leaf + nv::NEXT_OFF),
-        LeafKind::Isle => s.load(leaf + il::NEXT_OFF) & !il::STALE,
+        LeafKind::Nv => s.load(NvLeaf::at(leaf).next_word()),
+        LeafKind::Isle => s.load(IsleLeaf::at(leaf).next_word()) & !il::STALE,
     };
     rep.chain_whole = true;
     while at != 0 {
@@ -223,8 +223,8 @@ fn read_leaf<S: Space>(
 
 /// The size to trust for a leaf: its own if sound, else the node size
 /// (cut at the pool end); `None` when not even that fits.
-fn leaf_size<S: Space>(s: &S, h: &Header, off: u64, size_off: u64, min: u64, pool: u64) -> Option<u64> {
-    let size = s.load(off + size_off);
+fn leaf_size<S: Space>(s: &S, h: &Header, off: u64, size_word: u64, min: u64, pool: u64) -> Option<u64> {
+    let size = s.load(size_word);
     if size >= min && size.is_multiple_of(LINE) && size <= pool - off {
         return Some(size);
     }
@@ -244,13 +244,13 @@ fn read_nv<S: Space>(
     order: &mut u64,
     rep: &mut SalvageReport,
 ) {
-    let Some(size) = leaf_size(s, h, off, nv::SIZE_OFF, nv::MIN_SIZE, pool) else {
+    let Some(size) = leaf_size(s, h, off, NvLeaf::at(off).size_word(), nv::MIN_SIZE, pool) else {
         rep.skipped_leaves += 1;
         rep.note(format!("leaf {off}: no usable size"));
         return;
     };
     let cap = nv::capacity(size);
-    let mut count = s.load(off + nv::COUNT_OFF);
+    let mut count = s.load(NvLeaf::at(off).count_word());
     if count > cap {
         rep.note(format!(
             "leaf {off}: count {count} exceeds capacity {cap}; reading {cap}"
@@ -269,7 +269,7 @@ fn read_nv<S: Space>(
     }
     // A sealed leaf's count word is written when the leaf is built and at
     // clean shutdown only: after a crash its valid elements go further.
-    let stamp = s.load(off + nv::STAMP_OFF);
+    let stamp = s.load(NvLeaf::at(off).stamp_word());
     if stamp != 0 {
         count = count.max(nv::valid_end(s, &layout, stamp, cap));
     }
@@ -316,7 +316,7 @@ fn read_isle<S: Space>(
     order: &mut u64,
     rep: &mut SalvageReport,
 ) {
-    let Some(size) = leaf_size(s, h, off, il::SIZE_OFF, il::MIN_SIZE, pool) else {
+    let Some(size) = leaf_size(s, h, off, IsleLeaf::at(off).size_word(), il::MIN_SIZE, pool) else {
         rep.skipped_leaves += 1;
         rep.note(format!("leaf {off}: no usable size"));
         return;
@@ -383,14 +383,14 @@ fn element<S: Space>(s: &S, words: &[u64; 4], pool: u64) -> std::result::Result<
         let (kl, vl) = blob::lens(s.read_u64(b));
         if meta.key_inline.is_none() {
             key = vec![0; kl as usize];
-            s.read(b + blob::DATA_OFF, &mut key);
+            s.read(blob::key_at(b), &mut key);
             if nv::key_word(&key) != words[0] {
                 return Err(format!("blob {b} holds a key that does not match the element"));
             }
         }
         if meta.value_inline.is_none() {
             value = vec![0; vl as usize];
-            s.read(b + blob::DATA_OFF + kl, &mut value);
+            s.read(blob::value_at(b, kl), &mut value);
         }
     }
     Ok((key, value, meta))
@@ -434,7 +434,7 @@ mod tests {
     fn an_undamaged_pool_salvages_whole() {
         for leaf in [LeafKind::Nv, LeafKind::Isle] {
             let (s, want) = pool(leaf);
-            let h = Header::read(&*s, Path::new("t.nvs")).unwrap();
+            let h = Header::read(&*s).unwrap();
             let (got, rep) = read_space(&*s, &h);
             assert!(rep.chain_whole && rep.skipped_elements == 0, "{leaf:?}: {rep:?}");
             assert_eq!(got, want, "{leaf:?}");
@@ -444,9 +444,9 @@ mod tests {
     #[test]
     fn a_broken_chain_is_bridged_by_the_chunk_headers() {
         let (s, want) = pool(LeafKind::Nv);
-        let h = Header::read(&*s, Path::new("t.nvs")).unwrap();
-        let first = s.load(header::LEAF_HEAD_OFF);
-        s.store(first + nv::NEXT_OFF, 12345);
+        let h = Header::read(&*s).unwrap();
+        let first = header::leaf_head(&*s);
+        s.store(NvLeaf::at(first).next_word(), 12345);
         let (got, rep) = read_space(&*s, &h);
         assert!(
             !rep.chain_whole && rep.chain_leaves == 1 && rep.scanned_leaves > 0,
@@ -462,10 +462,10 @@ mod tests {
     #[test]
     fn a_damaged_element_is_skipped_alone() {
         let (s, want) = pool(LeafKind::Nv);
-        let h = Header::read(&*s, Path::new("t.nvs")).unwrap();
-        let first = s.load(header::LEAF_HEAD_OFF);
+        let h = Header::read(&*s).unwrap();
+        let first = header::leaf_head(&*s);
         let layout = Layout::read(&*s, first);
-        let count = s.load(first + nv::COUNT_OFF);
+        let count = s.load(NvLeaf::at(first).count_word());
         assert!(count > layout.compact, "a full element to damage");
         let e = layout.elem(count - 1);
         s.store(e + nv::E_META, 0xffff_ffff_ffff_ffff);
@@ -477,10 +477,10 @@ mod tests {
     #[test]
     fn a_cycle_in_the_chain_ends_the_walk() {
         let (s, _) = pool(LeafKind::Isle);
-        let h = Header::read(&*s, Path::new("t.nvs")).unwrap();
-        let first = s.load(header::LEAF_HEAD_OFF);
-        let second = s.load(first + il::NEXT_OFF) & !il::STALE;
-        s.store(second + il::NEXT_OFF, first);
+        let h = Header::read(&*s).unwrap();
+        let first = header::leaf_head(&*s);
+        let second = s.load(IsleLeaf::at(first).next_word()) & !il::STALE;
+        s.store(IsleLeaf::at(second).next_word(), first);
         let (_, rep) = read_space(&*s, &h);
         assert!(rep.chain_break.as_deref().unwrap_or("").contains("cycle"), "{rep:?}");
     }

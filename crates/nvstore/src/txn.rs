@@ -51,13 +51,13 @@ impl<'a, S: Space> Snapshot<'a, S> {
     /// The value `key` had at the snapshot.
     pub fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
         check_key(key)?;
-        self.db.tree().get_at(key, self.pin.ts)
+        self.db.named(self.db.tree().get_at(key, self.pin.ts))
     }
 
     /// [`Db::get_with`] at the snapshot: `f` reads the value in place.
     pub fn get_with<R>(&self, key: &[u8], f: impl FnOnce(&[u8]) -> R) -> Result<Option<R>> {
         check_key(key)?;
-        self.db.tree().get_with_at(key, self.pin.ts, f)
+        self.db.named(self.db.tree().get_with_at(key, self.pin.ts, f))
     }
 
     /// [`Db::range_with`] at the snapshot.
@@ -67,19 +67,25 @@ impl<'a, S: Space> Snapshot<'a, S> {
         f: impl FnMut(&[u8], &[u8]) -> ControlFlow<()>,
     ) -> Result<()> {
         let (lo, hi) = (owned(range.start_bound()), owned(range.end_bound()));
-        self.db.tree().scan_with(lo, hi, false, self.pin.ts, f)
+        self.db.named(self.db.tree().scan_with(lo, hi, false, self.pin.ts, f))
     }
 
     /// Pairs in `range` at the snapshot, in key order.
     pub fn range<K: AsRef<[u8]>, R: RangeBounds<K>>(&self, range: R) -> RangeIter<S, Nv> {
         let (lo, hi) = (owned(range.start_bound()), owned(range.end_bound()));
-        self.db.tree().range_at(lo, hi, false, Some(self.pin.clone()))
+        self.db
+            .tree()
+            .range_at(lo, hi, false, Some(self.pin.clone()))
+            .named(&self.db.path)
     }
 
     /// Pairs in `range` at the snapshot, in reverse key order.
     pub fn range_rev<K: AsRef<[u8]>, R: RangeBounds<K>>(&self, range: R) -> RangeIter<S, Nv> {
         let (lo, hi) = (owned(range.start_bound()), owned(range.end_bound()));
-        self.db.tree().range_at(lo, hi, true, Some(self.pin.clone()))
+        self.db
+            .tree()
+            .range_at(lo, hi, true, Some(self.pin.clone()))
+            .named(&self.db.path)
     }
 
     /// Every pair at the snapshot.
@@ -87,18 +93,25 @@ impl<'a, S: Space> Snapshot<'a, S> {
         self.db
             .tree()
             .range_at(RB::Unbounded, RB::Unbounded, false, Some(self.pin.clone()))
+            .named(&self.db.path)
     }
 
     /// Pairs whose key starts with `prefix`, in key order.
     pub fn prefix(&self, prefix: &[u8]) -> RangeIter<S, Nv> {
         let (lo, hi) = prefix_bounds(prefix);
-        self.db.tree().range_at(lo, hi, false, Some(self.pin.clone()))
+        self.db
+            .tree()
+            .range_at(lo, hi, false, Some(self.pin.clone()))
+            .named(&self.db.path)
     }
 
     /// Pairs whose key starts with `prefix`, in reverse key order.
     pub fn prefix_rev(&self, prefix: &[u8]) -> RangeIter<S, Nv> {
         let (lo, hi) = prefix_bounds(prefix);
-        self.db.tree().range_at(lo, hi, true, Some(self.pin.clone()))
+        self.db
+            .tree()
+            .range_at(lo, hi, true, Some(self.pin.clone()))
+            .named(&self.db.path)
     }
 }
 
@@ -218,6 +231,7 @@ impl<'a, S: Space> Txn<'a, S> {
             .db
             .tree()
             .range_at(lo.clone(), hi.clone(), false, Some(self.snap.pin.clone()))
+            .named(&self.snap.db.path)
             .collect();
         for (k, v) in self.writes.iter().filter(|(k, _)| in_range(k, &lo, &hi)) {
             match v {
@@ -258,7 +272,7 @@ impl<'a, S: Space> Txn<'a, S> {
             let tree = db.tree();
             let now = tree.clock.visible();
             for (k, since) in &self.watches {
-                let snap_changed = tree.newest_version(k)?.is_some_and(|v| v > *since);
+                let snap_changed = db.named(tree.newest_version(k))?.is_some_and(|v| v > *since);
                 if snap_changed {
                     tree.stats.conflicts.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     return Err(Error::Conflict);
@@ -266,7 +280,7 @@ impl<'a, S: Space> Txn<'a, S> {
             }
             return Ok(now.max(self.start_ts()));
         }
-        db.tree().commit(&self.writes, &self.watches, self.start_ts())
+        db.named(db.tree().commit(&self.writes, &self.watches, self.start_ts()))
     }
 
     /// Drops the transaction's writes.
@@ -346,7 +360,7 @@ impl<S: Space> Db<S> {
         if batch.is_empty() {
             return Ok(self.last_commit_ts());
         }
-        self.nv_tree()?.commit(&batch.writes, &[], u64::MAX)
+        self.named(self.nv_tree()?.commit(&batch.writes, &[], u64::MAX))
     }
 
     /// The newest commit timestamp whose writes (and all older ones) are

@@ -52,7 +52,7 @@ impl<S: Space> Pool<S> {
                 space.size()
             )));
         }
-        let alloc = Allocator::fresh(CHUNK, CHUNK, size, "baseline".into());
+        let alloc = Allocator::fresh(CHUNK, CHUNK, size);
         // The pool size word lets recovery walk the chunk headers.
         space.store(POOL_SIZE, size);
         space.persist(POOL_SIZE, 8, POOL_FLUSH, POOL_FENCE);
@@ -62,7 +62,7 @@ impl<S: Space> Pool<S> {
     /// Reopens a pool after a crash: the allocator is rebuilt from the chunk
     /// headers by reachability (every block not in `reachable` is free).
     pub fn recover(space: Arc<S>, reachable: &BTreeSet<u64>) -> Result<Pool<S>> {
-        let alloc = Allocator::rebuild(&*space, CHUNK, CHUNK, "baseline".into(), reachable)?;
+        let alloc = Allocator::rebuild(&*space, CHUNK, CHUNK, reachable)?;
         Ok(Pool { space, alloc })
     }
 

@@ -14,7 +14,6 @@
 //! up as contention (revisit with per-thread caches if a benchmark says so).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::PathBuf;
 
 use parking_lot::Mutex;
 
@@ -77,7 +76,6 @@ struct State {
 pub struct Allocator {
     chunk: u64,
     data_start: u64,
-    path: PathBuf,
     state: Mutex<State>,
 }
 
@@ -86,7 +84,7 @@ pub type Problems = Vec<String>;
 
 impl Allocator {
     /// Allocator of a freshly created pool: every chunk free.
-    pub fn fresh(chunk: u64, data_start: u64, pool_end: u64, path: PathBuf) -> Allocator {
+    pub fn fresh(chunk: u64, data_start: u64, pool_end: u64) -> Allocator {
         let mut st = State {
             pool_end,
             free_blocks: vec![Vec::new(); classes().len()],
@@ -98,7 +96,6 @@ impl Allocator {
         Allocator {
             chunk,
             data_start,
-            path,
             state: Mutex::new(st),
         }
     }
@@ -281,18 +278,14 @@ impl Allocator {
         let doubled = (old * 2).max(want);
         if space.grow(doubled).is_err() {
             space.grow(want).map_err(|e| match e {
-                Error::PoolFull { limit, .. } => Error::PoolFull {
-                    path: self.path.clone(),
-                    size: old,
-                    limit,
-                },
+                Error::PoolFull { path, limit, .. } => Error::PoolFull { path, size: old, limit },
                 e => e,
             })?;
         }
         // The file may have grown by more than asked (alignment); use whole chunks of it.
         let new_end = old + (space.size() - old) / self.chunk * self.chunk;
         // The new extent reads as zero: free chunks. Publish the size after the file grew.
-        header::set_root(space, header::POOL_SIZE_OFF, new_end);
+        header::set_pool_size(space, new_end);
         insert_free(&mut st.free_chunks, old, (new_end - old) / self.chunk, self.chunk);
         st.pool_end = new_end;
         Ok(())
@@ -301,35 +294,23 @@ impl Allocator {
     /// Rebuilds the allocator by reachability (NV-Tree §3): walks the chunk
     /// headers; every block not in `reachable` is free. Slabs and runs with
     /// no reachable block become free chunks. Writes nothing.
-    pub fn rebuild<S: Space>(
-        space: &S,
-        chunk: u64,
-        data_start: u64,
-        path: PathBuf,
-        reachable: &BTreeSet<u64>,
-    ) -> Result<Allocator> {
+    pub fn rebuild<S: Space>(space: &S, chunk: u64, data_start: u64, reachable: &BTreeSet<u64>) -> Result<Allocator> {
         let pool_end = header::pool_size(space);
         let mut st = State {
             pool_end,
             free_blocks: vec![Vec::new(); classes().len()],
             ..State::default()
         };
-        let runs = walk(space, chunk, data_start, pool_end).map_err(|what| Error::Corrupt {
-            path: path.clone(),
-            off: None,
-            what,
-        })?;
+        let runs = walk(space, chunk, data_start, pool_end).map_err(Error::corrupt)?;
         for (start, h) in runs {
             let end = start + h.chunks() * chunk;
             let inside: Vec<u64> = reachable.range(start..end).copied().collect();
             match h {
                 ChunkHeader::Free { chunks } => {
                     if let Some(b) = inside.first() {
-                        return Err(Error::Corrupt {
-                            path,
-                            off: None,
-                            what: format!("reachable block {b} lies in a free chunk at {start}"),
-                        });
+                        return Err(Error::corrupt(format!(
+                            "reachable block {b} lies in a free chunk at {start}"
+                        )));
                     }
                     insert_free(&mut st.free_chunks, start, chunks, chunk);
                 }
@@ -341,11 +322,9 @@ impl Allocator {
                             || !(b - start - FIRST_BLOCK).is_multiple_of(class)
                             || (b - start - FIRST_BLOCK) / class >= count
                         {
-                            return Err(Error::Corrupt {
-                                path,
-                                off: None,
-                                what: format!("reference {b} is not a block boundary of the slab at {start}"),
-                            });
+                            return Err(Error::corrupt(format!(
+                                "reference {b} is not a block boundary of the slab at {start}"
+                            )));
                         }
                     }
                     let ci = class_index(class);
@@ -360,11 +339,9 @@ impl Allocator {
                 }
                 ChunkHeader::Run { chunks } => {
                     if inside != [start + FIRST_BLOCK] {
-                        return Err(Error::Corrupt {
-                            path,
-                            off: None,
-                            what: format!("bad reference into the run at {start}: {inside:?}"),
-                        });
+                        return Err(Error::corrupt(format!(
+                            "bad reference into the run at {start}: {inside:?}"
+                        )));
                     }
                     st.used_bytes += chunks * chunk - FIRST_BLOCK;
                     st.assigned.insert(start, h);
@@ -374,7 +351,6 @@ impl Allocator {
         Ok(Allocator {
             chunk,
             data_start,
-            path,
             state: Mutex::new(st),
         })
     }
@@ -398,12 +374,8 @@ impl Allocator {
 
     /// Restores free lists saved by [`Allocator::save`]; the assigned map is
     /// re-read from the chunk headers (cheap: one word per run).
-    pub fn load<S: Space>(space: &S, chunk: u64, data_start: u64, path: PathBuf, saved: &[u64]) -> Result<Allocator> {
-        let bad = |what: &str| Error::Corrupt {
-            path: path.clone(),
-            off: None,
-            what: format!("saved allocator state: {what}"),
-        };
+    pub fn load<S: Space>(space: &S, chunk: u64, data_start: u64, saved: &[u64]) -> Result<Allocator> {
+        let bad = |what: &str| Error::corrupt(format!("saved allocator state: {what}"));
         let mut it = saved.iter().copied();
         let mut next = || it.next().ok_or_else(|| bad("truncated"));
         let pool_end = next()?;
@@ -428,11 +400,7 @@ impl Allocator {
         if pool_end != header::pool_size(space) {
             return Err(bad("pool size differs"));
         }
-        let runs = walk(space, chunk, data_start, pool_end).map_err(|what| Error::Corrupt {
-            path: path.clone(),
-            off: None,
-            what,
-        })?;
+        let runs = walk(space, chunk, data_start, pool_end).map_err(Error::corrupt)?;
         for (start, h) in runs {
             let in_free = st
                 .free_chunks
@@ -446,7 +414,6 @@ impl Allocator {
         Ok(Allocator {
             chunk,
             data_start,
-            path,
             state: Mutex::new(st),
         })
     }

@@ -19,7 +19,7 @@ fn pool(chunks: u64) -> (SimSpace, Allocator) {
         data_start: CHUNK,
     }
     .create(&s, size);
-    let a = Allocator::fresh(CHUNK, CHUNK, size, "t".into());
+    let a = Allocator::fresh(CHUNK, CHUNK, size);
     (s, a)
 }
 
@@ -68,11 +68,11 @@ fn model_alloc_free_rebuild() {
 
     // Saved and loaded free lists describe the same state.
     let saved = a.save();
-    let c = Allocator::load(&s, CHUNK, CHUNK, "t".into(), &saved).unwrap();
+    let c = Allocator::load(&s, CHUNK, CHUNK, &saved).unwrap();
     assert_eq!(c.verify(&s, &reachable), Problems::new());
 
     // Rebuild from reachability: exactly the unreached blocks become free.
-    let b = Allocator::rebuild(&s, CHUNK, CHUNK, "t".into(), &reachable).unwrap();
+    let b = Allocator::rebuild(&s, CHUNK, CHUNK, &reachable).unwrap();
     assert_eq!(b.verify(&s, &reachable), Problems::new());
     // Allocating everything the rebuilt allocator has never returns a live block.
     for _ in 0..2000 {
@@ -117,8 +117,8 @@ fn rebuild_frees_empty_slabs_and_rejects_bad_references() {
     let (s, a) = pool(4);
     let x = a.alloc(&s, 256).unwrap();
     let _y = a.alloc(&s, 256).unwrap();
-    let b = Allocator::rebuild(&s, CHUNK, CHUNK, "t".into(), &BTreeSet::new()).unwrap();
+    let b = Allocator::rebuild(&s, CHUNK, CHUNK, &BTreeSet::new()).unwrap();
     assert_eq!(b.used_bytes(), 0);
-    let err = Allocator::rebuild(&s, CHUNK, CHUNK, "t".into(), &BTreeSet::from([x + 8]));
+    let err = Allocator::rebuild(&s, CHUNK, CHUNK, &BTreeSet::from([x + 8]));
     assert!(matches!(err, Err(Error::Corrupt { .. })));
 }

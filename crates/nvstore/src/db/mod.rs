@@ -140,6 +140,9 @@ pub use stat::{LeafInfo, Stat};
 /// An open pool.
 pub struct Db<S: Space = FileSpace> {
     engine: Engine<S>,
+    /// The pool file's path: the engine reports errors without it, and
+    /// `Db` attaches it once, at open and in its public methods.
+    pub(crate) path: Arc<Path>,
     header: Header,
     recovery: Recovery,
     /// Whether the pool had been shut down cleanly when it was opened.
@@ -198,16 +201,14 @@ impl<S: Space> Db<S> {
         }
         if s != Strategy::Off {
             let space = self.space();
-            let off = header::CALIBRATION_OFF;
-            let cached = Model::decode([space.load(off), space.load(off + 8)], latency_ns);
+            let cached = Model::decode(header::calibration(space), latency_ns);
             let model = match cached {
                 Some(m) => m,
                 // A pool too full for the scratch block still opens.
                 None if space.writable() => match adaptive::calibrate(space, self.alloc()) {
                     Ok(m) => {
                         let [a, b] = m.encode(latency_ns);
-                        header::set_root(space, off, a);
-                        header::set_root(space, off + 8, b);
+                        header::set_calibration(space, [a, b]);
                         // As the next open will read it back.
                         Model::decode([a, b], latency_ns).unwrap_or(m)
                     }
@@ -265,8 +266,13 @@ impl Db<FileSpace> {
 }
 
 impl<S: Space> Db<S> {
-    /// Writes a fresh pool into a zeroed space and opens it.
+    /// Writes a fresh pool into a zeroed space and opens it (`path` names
+    /// it in errors).
     pub fn create_in(space: S, path: &Path, opts: &Options) -> Result<Db<S>> {
+        Db::create_unnamed(space, path, opts).map_err(|e| e.at(path))
+    }
+
+    fn create_unnamed(space: S, path: &Path, opts: &Options) -> Result<Db<S>> {
         opts.validate()?;
         let size = space.size() / CHUNK_SIZE * CHUNK_SIZE;
         let h = Header {
@@ -283,15 +289,16 @@ impl<S: Space> Db<S> {
             data_start: CHUNK_SIZE,
         };
         let space = Arc::new(space);
-        let alloc = Arc::new(Allocator::fresh(CHUNK_SIZE, CHUNK_SIZE, size, path.into()));
+        let alloc = Arc::new(Allocator::fresh(CHUNK_SIZE, CHUNK_SIZE, size));
         let t = std::time::Instant::now();
         if opts.engine == EngineKind::Hash {
             // The table first, then the header: a pool whose creation was
             // cut short is "not a pool" or has a whole, empty table.
-            let engine = HashEngine::create(space.clone(), alloc, path)?;
+            let engine = HashEngine::create(space.clone(), alloc)?;
             h.create(&*space, size);
             return Ok(Db {
                 engine: Engine::Hash(Arc::new(engine)),
+                path: path.into(),
                 header: h,
                 recovery: Recovery {
                     kind: RecoveryKind::Created,
@@ -306,27 +313,18 @@ impl<S: Space> Db<S> {
             space: Arc<S>,
             alloc: Arc<Allocator>,
             node_size: u64,
-            path: &Path,
         ) -> Result<Arc<Tree<S, L>>> {
             let leaf = Tree::<S, L>::create_first_leaf(&*space, &alloc, node_size)?;
             let entries = vec![crate::tree::index::Entry {
                 max: crate::tree::index::Bound::PosInf,
-                leaf: Arc::new(crate::tree::LeafRef::built(leaf, node_size, 0)),
+                leaf: Arc::new(crate::tree::Leaf::<L>::built(leaf, node_size, 0)),
             }];
-            Ok(Arc::new(Tree::assemble(
-                space,
-                alloc,
-                entries,
-                node_size,
-                0,
-                0,
-                path.into(),
-            )))
+            Ok(Arc::new(Tree::assemble(space, alloc, entries, node_size, 0, 0)))
         }
         let ns = opts.node_size as u64;
         let engine = match opts.leaf {
-            LeafKind::Nv => Engine::Nv(fresh(space, alloc, ns, path)?),
-            LeafKind::Isle => Engine::Isle(fresh(space, alloc, ns, path)?),
+            LeafKind::Nv => Engine::Nv(fresh(space, alloc, ns)?),
+            LeafKind::Isle => Engine::Isle(fresh(space, alloc, ns)?),
         };
         let recovery = Recovery {
             kind: RecoveryKind::Created,
@@ -339,6 +337,7 @@ impl<S: Space> Db<S> {
         }
         Ok(Db {
             engine,
+            path: path.into(),
             header: h,
             recovery,
             was_clean: true,
@@ -348,20 +347,24 @@ impl<S: Space> Db<S> {
 
     /// Opens an existing pool in `space` (`path` names it in messages).
     pub fn open_space(space: S, path: &Path) -> Result<Db<S>> {
-        let mut h = Header::read(&space, path)?;
-        let was_clean = space.load(header::CLEAN_STATE_OFF) != 0;
+        Db::open_unnamed(space, path).map_err(|e| e.at(path))
+    }
+
+    fn open_unnamed(space: S, path: &Path) -> Result<Db<S>> {
+        let mut h = Header::read(&space)?;
+        let was_clean = header::clean_state(&space) != 0;
         let space = Arc::new(space);
         let (engine, recovery) = match (h.engine, h.leaf_format) {
             (EngineKind::Hash, _) => {
-                let (e, r) = HashEngine::open(space.clone(), &h, path)?;
+                let (e, r) = HashEngine::open(space.clone(), &h)?;
                 (Engine::Hash(Arc::new(e)), r)
             }
             (EngineKind::Tree, LeafKind::Nv) => {
-                let (t, r) = recovery::open_tree::<S, Nv>(space.clone(), &h, path)?;
+                let (t, r) = recovery::open_tree::<S, Nv>(space.clone(), &h)?;
                 (Engine::Nv(Arc::new(t)), r)
             }
             (EngineKind::Tree, LeafKind::Isle) => {
-                let (t, r) = recovery::open_tree::<S, Isle>(space.clone(), &h, path)?;
+                let (t, r) = recovery::open_tree::<S, Isle>(space.clone(), &h)?;
                 (Engine::Isle(Arc::new(t)), r)
             }
         };
@@ -372,6 +375,7 @@ impl<S: Space> Db<S> {
         }
         Ok(Db {
             engine,
+            path: path.into(),
             header: h,
             recovery,
             was_clean,
@@ -391,6 +395,13 @@ impl<S: Space> Db<S> {
         with_tree!(self, t => t.adaptive.model(), _h => Model::default())
     }
 
+    /// `r` with the pool's path attached to its error ([`Error::at`]): how
+    /// every public method reports what the engine found.
+    #[inline]
+    pub(crate) fn named<T>(&self, r: Result<T>) -> Result<T> {
+        r.map_err(|e| e.at(&self.path))
+    }
+
     pub(crate) fn writable(&self) -> Result<()> {
         if self.space().writable() {
             Ok(())
@@ -401,10 +412,10 @@ impl<S: Space> Db<S> {
 
     /// Stores `value` under `key`; durable when it returns.
     pub fn put(&self, key: &[u8], value: &[u8]) -> Result<()> {
-        self.space().logged(Operation::Put { key, value }, || {
+        self.named(self.space().logged(Operation::Put { key, value }, || {
             self.writable()?;
             with_tree!(self, t => t.put(key, value), h => h.put(key, value))
-        })
+        }))
     }
 
     /// Replaces the value of `key` only if it exists (`SET key value XX`):
@@ -412,18 +423,18 @@ impl<S: Space> Db<S> {
     /// Durable when it returns. On a tree pool the check and the write
     /// are one descent of the tree, cheaper than `get` then `put`.
     pub fn update(&self, key: &[u8], value: &[u8]) -> Result<bool> {
-        self.space().logged(Operation::Update { key, value }, || {
+        self.named(self.space().logged(Operation::Update { key, value }, || {
             self.writable()?;
             with_tree!(self, t => t.update(key, value), h => h.update(key, value))
-        })
+        }))
     }
 
     /// Removes `key`; returns whether it was there. Durable when it returns.
     pub fn delete(&self, key: &[u8]) -> Result<bool> {
-        self.space().logged(Operation::Delete { key }, || {
+        self.named(self.space().logged(Operation::Delete { key }, || {
             self.writable()?;
             with_tree!(self, t => t.delete(key), h => h.delete(key))
-        })
+        }))
     }
 
     /// Checks every leaf the index names against its format's rules
@@ -433,12 +444,12 @@ impl<S: Space> Db<S> {
     /// is an [`Error::Corrupt`] with its offset; from then on this `Db`
     /// refuses writes.
     pub fn validate(&self) -> Result<()> {
-        with_tree!(self, t => t.validate_leaves(), h => h.validate())
+        self.named(with_tree!(self, t => t.validate_leaves(), h => h.validate()))
     }
 
     /// Verifies every invariant without writing (`nvstore check`).
     pub fn check(&self) -> CheckReport {
-        with_tree!(self, t => check::check(t, &self.header), h => h.check(&self.header))
+        with_tree!(self, t => check::check(t, &self.header, &self.path), h => h.check(&self.header, &self.path))
     }
 
     /// The pool's engine.
@@ -554,19 +565,21 @@ impl<S: Space> Db<S> {
     /// Flushes the file to stable storage (`msync`): the power-loss point on
     /// media without `MAP_SYNC`.
     pub fn sync(&self) -> Result<()> {
-        self.space().sync()
+        self.named(self.space().sync())
     }
 
     /// Closes cleanly: saves the index and free lists and sets the clean
     /// flag, so the next open is instant.
     pub fn close(mut self) -> Result<()> {
-        self.close_inner()
+        let r = self.close_inner();
+        self.named(r)
     }
 
     /// Closes cleanly and hands back the space (tests and tools that reopen
     /// the same bytes).
     pub fn close_into_space(mut self) -> Result<Arc<S>> {
-        self.close_inner()?;
+        let r = self.close_inner();
+        self.named(r)?;
         Ok(self.space_arc().clone())
     }
 

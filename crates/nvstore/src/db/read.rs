@@ -31,7 +31,7 @@ impl<S: Space> Db<S> {
     #[inline]
     pub fn get_with<R>(&self, key: &[u8], f: impl FnOnce(&[u8]) -> R) -> Result<Option<R>> {
         crate::tree::check_key(key)?;
-        with_tree!(self, t => t.get_with(key, f), h => Ok(h.get(key)?.map(|v| f(&v))))
+        self.named(with_tree!(self, t => t.get_with(key, f), h => h.get(key).map(|v| v.map(|v| f(&v)))))
     }
 
     /// Calls `f` on each pair with a key in `range`, in key order, lending
@@ -57,7 +57,7 @@ impl<S: Space> Db<S> {
         f: impl FnMut(&[u8], &[u8]) -> ControlFlow<()>,
     ) -> Result<()> {
         let (lo, hi) = owned_bounds(&range);
-        with_tree!(self, t => t.scan_with(lo, hi, false, u64::MAX, f), h => h.scan_with(lo, hi, false, f))
+        self.named(with_tree!(self, t => t.scan_with(lo, hi, false, u64::MAX, f), h => h.scan_with(lo, hi, false, f)))
     }
 
     /// [`Db::range_with`] in reverse key order.
@@ -67,18 +67,18 @@ impl<S: Space> Db<S> {
         f: impl FnMut(&[u8], &[u8]) -> ControlFlow<()>,
     ) -> Result<()> {
         let (lo, hi) = owned_bounds(&range);
-        with_tree!(self, t => t.scan_with(lo, hi, true, u64::MAX, f), h => h.scan_with(lo, hi, true, f))
+        self.named(with_tree!(self, t => t.scan_with(lo, hi, true, u64::MAX, f), h => h.scan_with(lo, hi, true, f)))
     }
 
     /// [`Db::range_with`] over the pairs whose key starts with `prefix`.
     pub fn prefix_with(&self, prefix: &[u8], f: impl FnMut(&[u8], &[u8]) -> ControlFlow<()>) -> Result<()> {
         let (lo, hi) = prefix_bounds(prefix);
-        with_tree!(self, t => t.scan_with(lo, hi, false, u64::MAX, f), h => h.scan_with(lo, hi, false, f))
+        self.named(with_tree!(self, t => t.scan_with(lo, hi, false, u64::MAX, f), h => h.scan_with(lo, hi, false, f)))
     }
 
     /// [`Db::range_with`] over every pair.
     pub fn for_each(&self, f: impl FnMut(&[u8], &[u8]) -> ControlFlow<()>) -> Result<()> {
-        with_tree!(self, t => t.scan_with(RB::Unbounded, RB::Unbounded, false, u64::MAX, f), h => h.scan_with(RB::Unbounded, RB::Unbounded, false, f))
+        self.named(with_tree!(self, t => t.scan_with(RB::Unbounded, RB::Unbounded, false, u64::MAX, f), h => h.scan_with(RB::Unbounded, RB::Unbounded, false, f)))
     }
 
     /// Pairs with keys in `range`, in key order.
@@ -112,8 +112,8 @@ impl<S: Space> Db<S> {
 
     fn iter_over(&self, lo: RB<Vec<u8>>, hi: RB<Vec<u8>>, reverse: bool) -> Iter<S> {
         match &self.engine {
-            Engine::Nv(t) => Iter::Nv(t.range(lo, hi, reverse)),
-            Engine::Isle(t) => Iter::Isle(t.range(lo, hi, reverse)),
+            Engine::Nv(t) => Iter::Nv(t.range(lo, hi, reverse).named(&self.path)),
+            Engine::Isle(t) => Iter::Isle(t.range(lo, hi, reverse).named(&self.path)),
             Engine::Hash(h) => Iter::Hash(h.range(lo, hi, reverse)),
         }
     }

@@ -78,7 +78,7 @@ impl<S: Space> Db<S> {
 
     fn stat_of_hash(&self, h: &HashEngine<S>) -> Stat {
         Stat {
-            path: h.path.display().to_string(),
+            path: self.path.display().to_string(),
             format_version: self.header.version,
             uuid: self.uuid(),
             size_bytes: self.pool_size(),
@@ -126,7 +126,7 @@ impl<S: Space> Db<S> {
             .map(|e| e.leaf.size)
             .collect();
         Stat {
-            path: tree.path.display().to_string(),
+            path: self.path.display().to_string(),
             format_version: self.header.version,
             uuid: self.uuid(),
             size_bytes: self.pool_size(),

@@ -27,7 +27,7 @@
 
 use crate::error::{Error, Result};
 use crate::pmem::{points, Space, LINE};
-use std::path::Path;
+use std::path::PathBuf;
 
 pub const MAGIC: u64 = u64::from_le_bytes(*b"NVSTPOOL");
 /// The format this build writes. Version 2 marks pools that may hold MVCC
@@ -194,37 +194,34 @@ impl Header {
         space.publish(MAGIC_OFF, MAGIC, points::HEADER_INIT_FLUSH, points::HEADER_INIT_FENCE);
     }
 
-    /// Reads and validates the header. `file_len` is the real length of the
-    /// backing file (truncation check); `path` names it in errors.
-    pub fn read<S: Space>(space: &S, path: &Path) -> Result<Header> {
+    /// Reads and validates the header; the space's size is the backing
+    /// file's real length (truncation check). Errors name no path: the
+    /// caller that opened the pool attaches it ([`Error::at`]).
+    pub fn read<S: Space>(space: &S) -> Result<Header> {
         let size = space.size();
         if size < MIN_FILE {
-            return Err(Error::NotAPool { path: path.into() });
+            return Err(Error::NotAPool { path: PathBuf::new() });
         }
         let mut b = [0u8; LINE as usize];
         space.read(0, &mut b);
         let u64_at = |off: u64| u64::from_le_bytes(b[off as usize..off as usize + 8].try_into().unwrap());
         let u32_at = |off: u64| u32::from_le_bytes(b[off as usize..off as usize + 4].try_into().unwrap());
         if u64_at(MAGIC_OFF) != MAGIC {
-            return Err(Error::NotAPool { path: path.into() });
+            return Err(Error::NotAPool { path: PathBuf::new() });
         }
         // Version before checksum: another version may lay the line out differently.
         let version = u32_at(VERSION_OFF);
         if !(OLDEST_READABLE..=VERSION).contains(&version) {
             return Err(Error::WrongVersion {
-                path: path.into(),
+                path: PathBuf::new(),
                 found: version,
                 supported: VERSION,
             });
         }
         if !checksum_ok(&b) {
-            return Err(Error::BadChecksum { path: path.into() });
+            return Err(Error::BadChecksum { path: PathBuf::new() });
         }
-        let corrupt = |what: String| Error::Corrupt {
-            path: path.into(),
-            off: None,
-            what,
-        };
+        let corrupt = |what: String| Error::corrupt(what);
         let (engine, leaf_format) = match u32_at(LEAF_FORMAT_OFF) {
             HASH_ENGINE_WORD => (EngineKind::Hash, LeafKind::Nv),
             w => (
@@ -248,7 +245,7 @@ impl Header {
         let pool_size = space.load(POOL_SIZE_OFF);
         if pool_size > size {
             return Err(Error::Truncated {
-                path: path.into(),
+                path: PathBuf::new(),
                 expected: pool_size,
                 actual: size,
             });
@@ -298,6 +295,58 @@ fn checksum_ok(line: &[u8; LINE as usize]) -> bool {
 #[inline]
 pub const fn leaf_head_word() -> u64 {
     LEAF_HEAD_OFF
+}
+
+/// The first leaf of the chain (0 before the pool has one).
+#[inline]
+pub fn leaf_head<S: Space>(space: &S) -> u64 {
+    space.load(LEAF_HEAD_OFF)
+}
+
+/// The clean-shutdown word: 0 while the pool is open for writing or after
+/// a crash; otherwise where the saved state is (`format/saved.rs`).
+#[inline]
+pub fn clean_state<S: Space>(space: &S) -> u64 {
+    space.load(CLEAN_STATE_OFF)
+}
+
+/// Stores and persists the clean-shutdown word.
+pub fn set_clean_state<S: Space>(space: &S, word: u64) {
+    set_root(space, CLEAN_STATE_OFF, word);
+}
+
+/// The newest commit timestamp saved at clean shutdown.
+#[inline]
+pub fn last_ts<S: Space>(space: &S) -> u64 {
+    space.load(LAST_TS_OFF)
+}
+
+/// Stores and persists the newest commit timestamp (clean shutdown).
+pub fn set_last_ts<S: Space>(space: &S, ts: u64) {
+    set_root(space, LAST_TS_OFF, ts);
+}
+
+/// The two words of the cached adaptive cost model.
+pub fn calibration<S: Space>(space: &S) -> [u64; 2] {
+    [space.load(CALIBRATION_OFF), space.load(CALIBRATION_OFF + 8)]
+}
+
+/// Stores and persists the cached adaptive cost model, one word after the
+/// other.
+pub fn set_calibration<S: Space>(space: &S, words: [u64; 2]) {
+    set_root(space, CALIBRATION_OFF, words[0]);
+    set_root(space, CALIBRATION_OFF + 8, words[1]);
+}
+
+/// Address of the hash engine's root word (the table's directory).
+#[inline]
+pub const fn hash_root_word() -> u64 {
+    HASH_ROOT_OFF
+}
+
+/// Stores and persists the pool size (the allocator grew the pool).
+pub fn set_pool_size<S: Space>(space: &S, size: u64) {
+    set_root(space, POOL_SIZE_OFF, size);
 }
 
 /// Address of the `txn_commit` word: the newest multi-leaf commit record.
@@ -366,7 +415,7 @@ mod tests {
     fn round_trip() {
         let s = SimSpace::new(4 * 65536);
         sample().create(&s, 4 * 65536);
-        assert_eq!(Header::read(&s, Path::new("t")).unwrap(), sample());
+        assert_eq!(Header::read(&s).unwrap(), sample());
         assert_eq!(pool_size(&s), 4 * 65536);
     }
 
@@ -377,10 +426,7 @@ mod tests {
         let mut b = [0u8; 1];
         s.read(NODE_SIZE_OFF, &mut b);
         s.write(NODE_SIZE_OFF, &[b[0] ^ 1]);
-        assert!(matches!(
-            Header::read(&s, Path::new("t")),
-            Err(Error::BadChecksum { .. })
-        ));
+        assert!(matches!(Header::read(&s), Err(Error::BadChecksum { .. })));
     }
 
     #[test]
@@ -388,25 +434,22 @@ mod tests {
         let s = SimSpace::new(4 * 65536);
         let old = Header { version: 1, ..sample() };
         old.create(&s, 4 * 65536);
-        let mut h = Header::read(&s, Path::new("t")).unwrap();
+        let mut h = Header::read(&s).unwrap();
         assert_eq!(h.version, 1);
         // The state a crash between the upgrade's two stores leaves.
         let line = sample().line0();
         s.store(VERSION_OFF, u64::from_le_bytes(line[8..16].try_into().unwrap()));
-        assert_eq!(Header::read(&s, Path::new("t")).unwrap().version, VERSION);
+        assert_eq!(Header::read(&s).unwrap().version, VERSION);
         h.upgrade(&s);
         assert_eq!(h.version, VERSION);
-        assert_eq!(Header::read(&s, Path::new("t")).unwrap(), sample());
+        assert_eq!(Header::read(&s).unwrap(), sample());
         // The checksum is really checked in the mixed state: a flipped byte
         // elsewhere in the line still fails.
         s.store(
             VERSION_OFF,
             u64::from_le_bytes(line[8..16].try_into().unwrap()) ^ (1 << 40),
         );
-        assert!(matches!(
-            Header::read(&s, Path::new("t")),
-            Err(Error::BadChecksum { .. })
-        ));
+        assert!(matches!(Header::read(&s), Err(Error::BadChecksum { .. })));
     }
 
     #[test]
@@ -415,7 +458,7 @@ mod tests {
             let s = SimSpace::new(4 * 65536);
             Header { version: v, ..sample() }.create(&s, 4 * 65536);
             assert!(matches!(
-                Header::read(&s, Path::new("t")),
+                Header::read(&s),
                 Err(Error::WrongVersion { found, .. }) if found == v
             ));
         }
@@ -430,12 +473,12 @@ mod tests {
         };
         h.create(&s, 4 * 65536);
         assert_eq!(s.read_u64(LEAF_FORMAT_OFF) as u32, HASH_ENGINE_WORD);
-        assert_eq!(Header::read(&s, Path::new("t")).unwrap(), h);
+        assert_eq!(Header::read(&s).unwrap(), h);
     }
 
     #[test]
     fn zero_file_is_not_a_pool() {
         let s = SimSpace::new(4 * 65536);
-        assert!(matches!(Header::read(&s, Path::new("t")), Err(Error::NotAPool { .. })));
+        assert!(matches!(Header::read(&s), Err(Error::NotAPool { .. })));
     }
 }

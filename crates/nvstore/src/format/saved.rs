@@ -11,11 +11,41 @@
 //! `clean_state` is cleared (persisted) before any write, and the block is
 //! freed. A bad magic or checksum falls back to a full rebuild.
 
+use crate::pmem::Space;
+
 pub const MAGIC: u64 = u64::from_le_bytes(*b"NVSAVED1");
 pub const MAGIC_W: usize = 0;
 pub const WORDS_W: usize = 1;
 pub const CRC_W: usize = 2;
 pub const BODY_W: usize = 3;
+
+/// The header's clean word holds the saved state's offset in its low 48 bits
+/// and the low 16 bits of the saved state's checksum above them, so the flag,
+/// the pointer and the identity of the state are published by one store.
+const CLEAN_TAG_SHIFT: u32 = 48;
+const CLEAN_OFFSET_MASK: u64 = (1 << CLEAN_TAG_SHIFT) - 1;
+const CLEAN_TAG_MASK: u64 = 0xffff;
+
+/// The clean word naming the sealed state `sealed` written at `block`.
+pub fn clean_word(block: u64, sealed: &[u64]) -> u64 {
+    block | (tag(sealed) << CLEAN_TAG_SHIFT)
+}
+
+/// A clean word's parts: the saved state's offset and its tag.
+pub fn clean_parts(word: u64) -> (u64, u64) {
+    (word & CLEAN_OFFSET_MASK, word >> CLEAN_TAG_SHIFT)
+}
+
+/// The tag of sealed words (the low bits of their checksum), as the clean
+/// word records it: a stale state left at the same offset has another.
+pub fn tag(sealed: &[u64]) -> u64 {
+    sealed[CRC_W] & CLEAN_TAG_MASK
+}
+
+/// The length word (in words, header included) of the sealed state at `at`.
+pub fn words_at<S: Space>(s: &S, at: u64) -> u64 {
+    s.read_u64(at + WORDS_W as u64 * 8)
+}
 
 /// Seals a body: prepends magic, length and checksum.
 pub fn seal(body: &[u64]) -> Vec<u64> {

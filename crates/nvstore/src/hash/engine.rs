@@ -16,7 +16,6 @@
 //!   header's clean word only records that the last close was clean.
 
 use std::ops::Bound as RB;
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -44,7 +43,6 @@ pub struct HashEngine<S: Space> {
     pub table: HashTable<S>,
     pub index: Index<()>,
     writer: Mutex<()>,
-    pub path: PathBuf,
     /// Hash pools keep no versions: this clock never advances (it is there
     /// so `Db::clock` answers on every engine).
     pub clock: Clock,
@@ -56,15 +54,14 @@ impl<S: Space> HashEngine<S> {
     /// An empty table published at the header's hash root word. Called
     /// before the header is written, so a pool whose creation crashed is
     /// either "not a pool" or a pool with a whole, empty table.
-    pub fn create(space: Arc<S>, alloc: Arc<Allocator>, path: &Path) -> Result<HashEngine<S>> {
-        let table = HashTable::create(space.clone(), alloc.clone(), header::HASH_ROOT_OFF, path.into())?;
+    pub fn create(space: Arc<S>, alloc: Arc<Allocator>) -> Result<HashEngine<S>> {
+        let table = HashTable::create(space.clone(), alloc.clone(), header::hash_root_word())?;
         Ok(HashEngine {
             space,
             alloc,
             table,
             index: Index::new(index::ORDER),
             writer: Mutex::new(()),
-            path: path.into(),
             clock: Clock::new(0),
             stats: TreeStats::default(),
         })
@@ -74,21 +71,15 @@ impl<S: Space> HashEngine<S> {
     /// validate it, rebuild the allocator by reachability, rebuild the
     /// index. On a writable open the clean word is cleared first (before
     /// any other write), as on tree pools.
-    pub fn open(space: Arc<S>, h: &Header, path: &Path) -> Result<(HashEngine<S>, Recovery)> {
+    pub fn open(space: Arc<S>, h: &Header) -> Result<(HashEngine<S>, Recovery)> {
         let t = Instant::now();
         let s = &*space;
-        let scan = HashTable::recover(s, header::HASH_ROOT_OFF, path)?;
-        let alloc = Arc::new(Allocator::rebuild(
-            s,
-            h.chunk_size,
-            h.data_start,
-            path.into(),
-            &scan.reachable,
-        )?);
-        if s.writable() && s.load(header::CLEAN_STATE_OFF) != 0 {
-            header::set_root(s, header::CLEAN_STATE_OFF, 0);
+        let scan = HashTable::recover(s, header::hash_root_word())?;
+        let alloc = Arc::new(Allocator::rebuild(s, h.chunk_size, h.data_start, &scan.reachable)?);
+        if s.writable() && header::clean_state(s) != 0 {
+            header::set_clean_state(s, 0);
         }
-        let table = HashTable::open(space.clone(), alloc.clone(), header::HASH_ROOT_OFF, path.into(), scan);
+        let table = HashTable::open(space.clone(), alloc.clone(), header::hash_root_word(), scan);
         let index = Index::rebuild(&table, index::ORDER, |_, _| ());
         let engine = HashEngine {
             space,
@@ -96,7 +87,6 @@ impl<S: Space> HashEngine<S> {
             table,
             index,
             writer: Mutex::new(()),
-            path: path.into(),
             clock: Clock::new(0),
             stats: TreeStats::default(),
         };
@@ -155,14 +145,14 @@ impl<S: Space> HashEngine<S> {
     /// index holds exactly the table's keys and keeps its B+-tree
     /// invariants, the key count matches, and every block is either
     /// reachable from the table or free (no leak, no double use).
-    pub fn check(&self, h: &Header) -> CheckReport {
+    pub fn check(&self, h: &Header, path: &std::path::Path) -> CheckReport {
         let _w = self.writer.lock();
         let mut r = CheckReport::default();
         let mut problems = Vec::new();
         let scan = match self.table.scan() {
             Ok(scan) => scan,
             Err(e) => {
-                r.problems.push(e.to_string());
+                r.problems.push(e.at(path).to_string());
                 return r;
             }
         };
@@ -207,7 +197,7 @@ impl<S: Space> HashEngine<S> {
     /// Marks the pool cleanly closed (one root store) and syncs.
     pub fn close_clean(&self) -> Result<()> {
         let _w = self.writer.lock();
-        header::set_root(&*self.space, header::CLEAN_STATE_OFF, CLEAN_MARK);
+        header::set_clean_state(&*self.space, CLEAN_MARK);
         self.space.sync()
     }
 

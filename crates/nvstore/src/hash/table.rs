@@ -2,7 +2,6 @@
 //! (CCEH, Dash), one 8-byte publish per write, splits by copy-on-write.
 
 use std::collections::{BTreeSet, HashMap};
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -64,7 +63,6 @@ pub struct HashTable<S: Space> {
     space: Arc<S>,
     alloc: Arc<Allocator>,
     root_off: u64,
-    path: PathBuf,
     state: RwLock<State>,
     /// Segment splits since open (`stat`'s `splits` on a hash pool).
     splits: AtomicU64,
@@ -73,7 +71,7 @@ pub struct HashTable<S: Space> {
 impl<S: Space> HashTable<S> {
     /// Creates an empty table (one segment, global depth 0) and publishes
     /// it at `root_off`, which must hold 0.
-    pub fn create(space: Arc<S>, alloc: Arc<Allocator>, root_off: u64, path: PathBuf) -> Result<Self> {
+    pub fn create(space: Arc<S>, alloc: Arc<Allocator>, root_off: u64) -> Result<Self> {
         let seg = alloc.alloc(&*space, l::SEGMENT_BYTES)?;
         let dir = match alloc.alloc(&*space, l::dir_bytes(0)) {
             Ok(d) => d,
@@ -101,7 +99,6 @@ impl<S: Space> HashTable<S> {
             space,
             alloc,
             root_off,
-            path,
             state: RwLock::new(state),
             splits: AtomicU64::new(0),
         })
@@ -112,12 +109,8 @@ impl<S: Space> HashTable<S> {
     /// that its key hashes to where it is stored). Any violation is
     /// `Error::Corrupt`. Needs no allocator, so the caller can rebuild the
     /// allocator from [`Scan::reachable`] and then [`HashTable::open`].
-    pub fn recover(space: &S, root_off: u64, path: &std::path::Path) -> Result<Scan> {
-        let corrupt = |what: String| Error::Corrupt {
-            path: path.to_path_buf(),
-            off: None,
-            what: format!("hash table: {what}"),
-        };
+    pub fn recover(space: &S, root_off: u64) -> Result<Scan> {
+        let corrupt = |what: String| Error::corrupt(format!("hash table: {what}"));
         let size = space.size();
         let in_pool = |off: u64, len: u64| {
             off != 0 && off.is_multiple_of(LINE) && off.checked_add(len).is_some_and(|e| e <= size)
@@ -204,12 +197,11 @@ impl<S: Space> HashTable<S> {
     }
 
     /// Opens a recovered table with the pool's (rebuilt) allocator.
-    pub fn open(space: Arc<S>, alloc: Arc<Allocator>, root_off: u64, path: PathBuf, scan: Scan) -> Self {
+    pub fn open(space: Arc<S>, alloc: Arc<Allocator>, root_off: u64, scan: Scan) -> Self {
         HashTable {
             space,
             alloc,
             root_off,
-            path,
             state: RwLock::new(scan.state),
             splits: AtomicU64::new(0),
         }
@@ -350,7 +342,7 @@ impl<S: Space> HashTable<S> {
     /// `check` and `validate`; writers wait meanwhile).
     pub fn scan(&self) -> Result<Scan> {
         let _st = self.state.read();
-        Self::recover(&*self.space, self.root_off, &self.path)
+        Self::recover(&*self.space, self.root_off)
     }
 
     /// Every block the table references, read back from the pool (for the
@@ -553,7 +545,7 @@ fn slot_key<S: Space>(s: &S, w: &Slot, meta: Meta) -> Vec<u8> {
         None => {
             let (kl, _) = blob::lens(s.read_u64(w[1]));
             let mut k = vec![0u8; kl as usize];
-            s.read(w[1] + blob::DATA_OFF, &mut k);
+            s.read(blob::key_at(w[1]), &mut k);
             k
         }
     }
@@ -576,7 +568,7 @@ fn slot_value<S: Space>(s: &S, w: &Slot, meta: Meta) -> Vec<u8> {
         None => {
             let (kl, vl) = blob::lens(s.read_u64(w[1]));
             let mut v = vec![0u8; vl as usize];
-            s.read(w[1] + blob::DATA_OFF + kl, &mut v);
+            s.read(blob::value_at(w[1], kl), &mut v);
             v
         }
     }
@@ -584,7 +576,7 @@ fn slot_value<S: Space>(s: &S, w: &Slot, meta: Meta) -> Vec<u8> {
 
 /// A blob reference is inside the pool and its lengths match the slot.
 fn validate_blob<S: Space>(s: &S, b: u64, meta: Meta, size: u64) -> std::result::Result<(), String> {
-    if b == 0 || !b.is_multiple_of(LINE) || b.saturating_add(blob::DATA_OFF) > size {
+    if b == 0 || !b.is_multiple_of(LINE) || b.saturating_add(blob::size(0, 0)) > size {
         return Err(format!("invalid blob reference {b}"));
     }
     let (kl, vl) = blob::lens(s.read_u64(b));
@@ -601,7 +593,7 @@ fn validate_blob<S: Space>(s: &S, b: u64, meta: Meta, size: u64) -> std::result:
     if !key_ok || !value_ok {
         return Err(format!("blob {b} lengths ({kl}, {vl}) do not match the slot"));
     }
-    if b + blob::DATA_OFF + kl + vl > size {
+    if blob::value_at(b, kl) + vl > size {
         return Err(format!("blob {b} overruns the pool"));
     }
     Ok(())

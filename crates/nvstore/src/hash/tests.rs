@@ -1,7 +1,6 @@
 //! Tests of the hash table: behaviour against a model, and crash campaigns.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use rand::rngs::StdRng;
@@ -21,15 +20,11 @@ const DATA_START: u64 = 4096;
 const CHUNK: u64 = 16 * 1024;
 const POOL: u64 = DATA_START + 16 * CHUNK;
 
-fn path() -> PathBuf {
-    PathBuf::from("hash-test")
-}
-
 fn pool() -> (Arc<SimSpace>, Arc<Allocator>) {
     let space = Arc::new(SimSpace::new(POOL));
-    space.store(header::POOL_SIZE_OFF, POOL);
-    space.persist(header::POOL_SIZE_OFF, 8, points::ROOT_FLUSH, points::ROOT_FENCE);
-    let alloc = Arc::new(Allocator::fresh(CHUNK, DATA_START, POOL, path()));
+    space.store(header::pool_size_word(), POOL);
+    space.persist(header::pool_size_word(), 8, points::ROOT_FLUSH, points::ROOT_FENCE);
+    let alloc = Arc::new(Allocator::fresh(CHUNK, DATA_START, POOL));
     (space, alloc)
 }
 
@@ -68,7 +63,7 @@ fn value(rng: &mut StdRng) -> Vec<u8> {
 #[test]
 fn matches_a_map_through_splits_and_reopen() {
     let (space, alloc) = pool();
-    let t = HashTable::create(space.clone(), alloc.clone(), ROOT, path()).unwrap();
+    let t = HashTable::create(space.clone(), alloc.clone(), ROOT).unwrap();
     let mut model = BTreeMap::new();
     let mut rng = StdRng::seed_from_u64(1);
     for step in 0..3000u32 {
@@ -95,11 +90,11 @@ fn matches_a_map_through_splits_and_reopen() {
     // Reopen from what is persisted: same contents, same allocation.
     let img = SimSpace::from_image(space.persisted_image());
     let img = Arc::new(img);
-    let scan = HashTable::recover(&*img, ROOT, &path()).unwrap();
+    let scan = HashTable::recover(&*img, ROOT).unwrap();
     assert_eq!(scan.len(), model.len() as u64);
-    let alloc2 = Arc::new(Allocator::rebuild(&*img, CHUNK, DATA_START, path(), &scan.reachable).unwrap());
+    let alloc2 = Arc::new(Allocator::rebuild(&*img, CHUNK, DATA_START, &scan.reachable).unwrap());
     assert_eq!(alloc2.used_bytes(), alloc.used_bytes());
-    let t2 = HashTable::open(img.clone(), alloc2.clone(), ROOT, path(), scan);
+    let t2 = HashTable::open(img.clone(), alloc2.clone(), ROOT, scan);
     assert_eq!(contents(&t2), model);
     t2.put(b"after", b"reopen").unwrap();
     assert_eq!(t2.get(b"after"), Some(b"reopen".to_vec()));
@@ -109,7 +104,7 @@ fn matches_a_map_through_splits_and_reopen() {
 #[test]
 fn empty_keys_and_values_and_update_in_full_bucket() {
     let (space, alloc) = pool();
-    let t = HashTable::create(space.clone(), alloc.clone(), ROOT, path()).unwrap();
+    let t = HashTable::create(space.clone(), alloc.clone(), ROOT).unwrap();
     t.put(b"", b"").unwrap();
     assert_eq!(t.get(b""), Some(vec![]));
     assert_eq!(t.get(b"x"), None);
@@ -127,7 +122,7 @@ fn empty_keys_and_values_and_update_in_full_bucket() {
 #[test]
 fn recovery_rejects_a_slot_in_the_wrong_bucket() {
     let (space, alloc) = pool();
-    let t = HashTable::create(space.clone(), alloc, ROOT, path()).unwrap();
+    let t = HashTable::create(space.clone(), alloc, ROOT).unwrap();
     t.put(b"key", b"value").unwrap();
     let h = l::hash(b"key");
     let dir = space.load(ROOT);
@@ -139,7 +134,7 @@ fn recovery_rejects_a_slot_in_the_wrong_bucket() {
     space.read(home, &mut b);
     space.write(far, &b);
     space.store(home, 0);
-    let err = HashTable::recover(&*space, ROOT, &path()).unwrap_err();
+    let err = HashTable::recover(&*space, ROOT).unwrap_err();
     assert!(err.to_string().contains("does not hash there"), "{err}");
 }
 
@@ -173,17 +168,16 @@ fn check_image(
     after: &BTreeMap<Vec<u8>, Vec<u8>>,
 ) -> Vec<String> {
     let space = Arc::new(SimSpace::from_image(data));
-    let p: &Path = &path();
-    let scan = match HashTable::recover(&*space, ROOT, p) {
+    let scan = match HashTable::recover(&*space, ROOT) {
         Ok(s) => s,
         Err(e) => return vec![format!("recovery failed: {e}")],
     };
     let reach = scan.reachable.clone();
-    let alloc = match Allocator::rebuild(&*space, CHUNK, DATA_START, path(), &reach) {
+    let alloc = match Allocator::rebuild(&*space, CHUNK, DATA_START, &reach) {
         Ok(a) => Arc::new(a),
         Err(e) => return vec![format!("allocator rebuild failed: {e}")],
     };
-    let t = HashTable::open(space.clone(), alloc.clone(), ROOT, path(), scan);
+    let t = HashTable::open(space.clone(), alloc.clone(), ROOT, scan);
     let got = contents(&t);
     let mut problems = Vec::new();
     let keys: BTreeSet<&Vec<u8>> = got.keys().chain(before.keys()).chain(after.keys()).collect();
@@ -225,7 +219,7 @@ struct Campaign {
 /// boundary; stops at the first violating image when `stop_early`.
 fn campaign(ops: &[Op], seed: u64, drop: Option<&str>, stop_early: bool) -> Campaign {
     let (space, alloc) = pool();
-    let t = HashTable::create(space.clone(), alloc.clone(), ROOT, path()).unwrap();
+    let t = HashTable::create(space.clone(), alloc.clone(), ROOT).unwrap();
     space.set_drop(drop.map(str::to_string));
     space.set_capture(Some(CaptureConfig {
         seed,
@@ -330,7 +324,7 @@ fn update_across_buckets_is_crash_safe() {
     );
 
     let (space, alloc) = pool();
-    let t = HashTable::create(space.clone(), alloc, ROOT, path()).unwrap();
+    let t = HashTable::create(space.clone(), alloc, ROOT).unwrap();
     for k in &keys[..7] {
         t.put(k, b"old").unwrap();
     }
@@ -355,10 +349,10 @@ fn update_across_buckets_is_crash_safe() {
         if h0.valid(0) && h1.valid(0) {
             both += 1;
             let sim = Arc::new(SimSpace::from_image(img.data));
-            let scan = HashTable::recover(&*sim, ROOT, &path()).unwrap();
+            let scan = HashTable::recover(&*sim, ROOT).unwrap();
             assert_eq!(scan.len(), 7, "two copies count as one key");
-            let a = Arc::new(Allocator::rebuild(&*sim, CHUNK, DATA_START, path(), &scan.reachable).unwrap());
-            let t2 = HashTable::open(sim, a, ROOT, path(), scan);
+            let a = Arc::new(Allocator::rebuild(&*sim, CHUNK, DATA_START, &scan.reachable).unwrap());
+            let t2 = HashTable::open(sim, a, ROOT, scan);
             assert_eq!(t2.get(&keys[0]), Some(b"new".to_vec()));
             assert_eq!(contents(&t2).get(&keys[0]), Some(&b"new".to_vec()));
             // Deleting it clears both copies, the older first.

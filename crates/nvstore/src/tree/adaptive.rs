@@ -825,7 +825,7 @@ mod tests {
     #[test]
     fn calibration_measures_the_space() {
         let s = crate::pmem::SimSpace::new(1 << 20);
-        let a = Allocator::fresh(65536, 65536, 1 << 20, "t".into());
+        let a = Allocator::fresh(65536, 65536, 1 << 20);
         let m = calibrate(&s, &a).unwrap();
         assert!(m.t_w(8192) > m.t_w(512) && m.t_r(8192) > m.t_r(512), "{m:?}");
         assert_eq!(a.used_bytes(), 0, "the scratch block is freed");

@@ -9,7 +9,7 @@ use crossbeam_epoch as epoch;
 
 use super::leaf::LeafFormat;
 use super::split::Goal;
-use super::{check_sizes, LeafRef, Tree};
+use super::{check_sizes, Leaf, Tree};
 use crate::error::{Error, Result};
 use crate::format::{element, header};
 use crate::pmem::{points, Space};
@@ -19,7 +19,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
     /// per written key, the live element it replaces (if any).
     fn plan_leaf(
         &self,
-        leaf: &LeafRef,
+        leaf: &Leaf<L>,
         n: u64,
         ks: &[usize],
         keys: &[(&[u8], Role)],
@@ -200,7 +200,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
             let _guard = epoch::pin();
             let idx = self.index.load_full();
             // Group the keys by leaf; leaves come in chain order.
-            let mut groups: Vec<(Arc<LeafRef>, Vec<usize>)> = Vec::new();
+            let mut groups: Vec<(Arc<Leaf<L>>, Vec<usize>)> = Vec::new();
             for (i, (k, _)) in keys.iter().enumerate() {
                 let leaf = idx.find(k).leaf;
                 match groups.last_mut() {

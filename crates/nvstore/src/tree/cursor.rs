@@ -2,6 +2,7 @@
 //! pins that keep the versions a reader needs.
 
 use std::ops::{Bound as RB, ControlFlow};
+use std::path::Path;
 use std::sync::Arc;
 
 use crossbeam_epoch as epoch;
@@ -19,7 +20,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
     /// The live elements of one leaf within the range, in key order. Values
     /// that live in blobs are read now, while the epoch is pinned; inline
     /// keys and values are materialised only when the iterator yields them.
-    fn leaf_range(&self, f: &Found, lo: &KeyBound, hi: &KeyBound, at: u64) -> Result<Vec<Pending>> {
+    fn leaf_range(&self, f: &Found<L::State>, lo: &KeyBound, hi: &KeyBound, at: u64) -> Result<Vec<Pending>> {
         self.sound(&f.leaf)?;
         Ok(L::collate_leaf(&*self.space, &f.leaf, Keep::At(at), lo, hi)
             .valid
@@ -59,6 +60,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
             _pin: pin,
             buf: Vec::new(),
             error: None,
+            pool: None,
         }
     }
 
@@ -136,6 +138,8 @@ pub struct RangeIter<S: Space, L: LeafFormat> {
     buf: Vec<Pending>,
     /// The damage that stopped the iterator, until [`RangeIter::checked`] hands it on.
     error: Option<Error>,
+    /// The pool file's path, attached to that error ([`Error::at`]).
+    pool: Option<Arc<Path>>,
 }
 
 /// The part of a range a scan has not visited yet, walked one leaf at a
@@ -157,7 +161,7 @@ impl Span {
     }
 
     /// The leaf that holds the next keys of the span.
-    fn route(&self, idx: &Index) -> Found {
+    fn route<St>(&self, idx: &Index<St>) -> Found<St> {
         if self.reverse {
             match &self.hi {
                 RB::Unbounded => idx.find_last(),
@@ -173,7 +177,7 @@ impl Span {
     }
 
     /// Drops the keys of leaf `f` (just visited) from the span.
-    fn advance(&mut self, f: &Found) {
+    fn advance<St>(&mut self, f: &Found<St>) {
         if self.reverse {
             match &f.low {
                 Bound::NegInf | Bound::PosInf => self.done = true,
@@ -241,7 +245,10 @@ impl<S: Space, L: LeafFormat> RangeIter<S, L> {
             let mut pairs = match self.tree.leaf_range(&f, &self.span.lo, &self.span.hi, self.at) {
                 Ok(p) => p,
                 Err(e) => {
-                    self.error = Some(e);
+                    self.error = Some(match &self.pool {
+                        Some(p) => e.at(p),
+                        None => e,
+                    });
                     self.span.done = true;
                     return;
                 }
@@ -258,6 +265,13 @@ impl<S: Space, L: LeafFormat> RangeIter<S, L> {
 }
 
 impl<S: Space, L: LeafFormat> RangeIter<S, L> {
+    /// This iterator, naming the pool file `pool` in the error it meets
+    /// (the `Db` that hands it out attaches its path).
+    pub(crate) fn named(mut self, pool: &Arc<Path>) -> Self {
+        self.pool = Some(pool.clone());
+        self
+    }
+
     /// The damage that ended this iterator early, if any: as an
     /// `Iterator` of pairs it stops at a damaged leaf (see
     /// [`RangeIter::checked`] for one that yields the error).

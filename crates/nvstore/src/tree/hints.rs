@@ -31,6 +31,10 @@ pub struct Hints {
     pub(super) table: Option<KeyTable>,
 }
 
+/// The DRAM state of an nv leaf (`LeafFormat::State`): its hints, built
+/// on first use.
+pub type HintsCell = std::sync::OnceLock<Hints>;
+
 /// The fingerprint words of a leaf: inside the hints (so inside the leaf's
 /// DRAM handle, no pointer to follow and miss on) for leaves of up to
 /// `8 * INLINE_WORDS` elements, the common node sizes; on the heap beyond.
@@ -302,8 +306,8 @@ pub(super) fn fingerprint(kw: u64) -> u8 {
 }
 
 /// The leaf's hints, built on first use.
-pub(super) fn hints<'a, S: Space>(s: &S, leaf: &'a LeafRef) -> &'a Hints {
-    leaf.hints.get_or_init(|| {
+pub(super) fn hints<'a, S: Space>(s: &S, leaf: &'a LeafRef<HintsCell>) -> &'a Hints {
+    leaf.state.get_or_init(|| {
         let layout = Layout::read(s, leaf.off);
         // Sized by the handle's size, which recovery or the leaf's
         // validation checked (a read-only view of a pool without leaves
@@ -340,7 +344,7 @@ pub(super) fn hints<'a, S: Space>(s: &S, leaf: &'a LeafRef) -> &'a Hints {
 
 /// The leaf's layout from its hints: reading elements through it reads no
 /// header line (which the last append flushed out of the cache).
-pub(super) fn cached_layout<S: Space>(s: &S, leaf: &LeafRef) -> Layout {
+pub(super) fn cached_layout<S: Space>(s: &S, leaf: &LeafRef<HintsCell>) -> Layout {
     hints(s, leaf).layout(leaf.off)
 }
 
@@ -474,11 +478,11 @@ mod tests {
         // A damaged size word in the leaf: the handle's checked size decides.
         let off = 4096;
         s.store(nv::NvLeaf::at(off).size_word(), 1 << 60);
-        let leaf = LeafRef::with(off, 1024, 3);
+        let leaf = LeafRef::<HintsCell>::with(off, 1024, 3);
         assert_eq!(hints(&s, &leaf).fp.len() as u64, nv::capacity(1024).div_ceil(8));
         // The read-only view of a pool without leaves: size 0, no hints.
         s.store(nv::NvLeaf::at(0).size_word(), u64::MAX);
-        let empty = LeafRef::with(0, 0, 0);
+        let empty = LeafRef::<HintsCell>::with(0, 0, 0);
         let fp = &hints(&s, &empty).fp;
         assert!(matches!(fp, FpWords::Inline(_)) && fp.iter().all(|w| w.load(Ordering::Relaxed) == 0));
     }

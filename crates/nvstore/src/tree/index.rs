@@ -62,16 +62,24 @@ impl Bound {
     }
 }
 
-/// One leaf as its parent sees it.
-#[derive(Clone)]
-pub struct Entry {
+/// One leaf as its parent sees it (`St`: the leaf format's DRAM state).
+pub struct Entry<St> {
     pub max: Bound,
-    pub leaf: Arc<LeafRef>,
+    pub leaf: Arc<LeafRef<St>>,
+}
+
+impl<St> Clone for Entry<St> {
+    fn clone(&self) -> Self {
+        Entry {
+            max: self.max.clone(),
+            leaf: self.leaf.clone(),
+        }
+    }
 }
 
 /// A parent of leaves: immutable, replaced whole.
-pub struct Pln {
-    pub entries: Vec<Entry>,
+pub struct Pln<St> {
+    pub entries: Vec<Entry<St>>,
     /// The entries' bounds as prefix words, so routing compares words and
     /// reads a full key (a pointer away) only on a tie.
     words: Vec<u64>,
@@ -80,8 +88,8 @@ pub struct Pln {
     pub limit: usize,
 }
 
-impl Pln {
-    pub fn new(entries: Vec<Entry>, limit: usize) -> Pln {
+impl<St> Pln<St> {
+    pub fn new(entries: Vec<Entry<St>>, limit: usize) -> Self {
         let words = entries.iter().map(|e| bound_word(&e.max)).collect();
         Pln { entries, words, limit }
     }
@@ -120,15 +128,26 @@ fn first_covering(words: &[u64], kw: u64, strict: bool, full: impl Fn(usize) -> 
 }
 
 /// A leaf found by routing, with the range of keys it covers.
-#[derive(Clone)]
-pub struct Found {
-    pub leaf: Arc<LeafRef>,
+pub struct Found<St> {
+    pub leaf: Arc<LeafRef<St>>,
     /// Exclusive lower bound (the previous entry's max).
     pub low: Bound,
     /// Inclusive upper bound.
     pub high: Bound,
     pub pln: usize,
     pub pos: usize,
+}
+
+impl<St> Clone for Found<St> {
+    fn clone(&self) -> Self {
+        Found {
+            leaf: self.leaf.clone(),
+            low: self.low.clone(),
+            high: self.high.clone(),
+            pln: self.pln,
+            pos: self.pos,
+        }
+    }
 }
 
 /// One IN node's keys as order-preserving 8-byte prefixes, cache-line
@@ -147,14 +166,14 @@ fn bound_word(b: &Bound) -> u64 {
 }
 
 /// The whole inner structure of one tree generation.
-pub struct Index {
+pub struct Index<St> {
     /// IN keys, `FANOUT - 1` per node, nodes in level order.
     keys: Vec<Bound>,
     /// The same keys' prefix words, one aligned block per IN node.
     words: Vec<NodeWords>,
     /// Number of IN nodes (PLN ids start here).
     inner_nodes: usize,
-    pub plns: Vec<ArcSwap<Pln>>,
+    pub plns: Vec<ArcSwap<Pln<St>>>,
     /// How many PLNs carry entries (the rest pad the complete tree).
     pub used_plns: usize,
     pub generation: u64,
@@ -178,17 +197,17 @@ pub fn pln_limit(leaves: usize) -> usize {
 /// Largest PLN a hot spot may grow before the index is rebuilt.
 pub const PLN_MAX: usize = 256;
 
-impl Index {
+impl<St> Index<St> {
     /// Builds an index over `entries` (in key order; the last bound is
     /// +inf), `PLN_FILL` entries per PLN: the rebuild of NV-Tree §4.5.
-    pub fn build(entries: Vec<Entry>, generation: u64) -> Index {
+    pub fn build(entries: Vec<Entry<St>>, generation: u64) -> Self {
         Index::build_adaptive(entries, generation, false)
     }
 
     /// [`Index::build`]; with `hot`, a PLN whose leaves were written more
     /// than the average PLN's (their DRAM counters, NV-Tree §5.5) gets a
     /// larger limit, so the write hot spot delays the next rebuild.
-    pub fn build_adaptive(entries: Vec<Entry>, generation: u64, hot: bool) -> Index {
+    pub fn build_adaptive(entries: Vec<Entry<St>>, generation: u64, hot: bool) -> Self {
         assert!(!entries.is_empty(), "a tree always has a leaf");
         let n_entries = entries.len();
         let used = entries.len().div_ceil(PLN_FILL);
@@ -204,15 +223,15 @@ impl Index {
         }
         let depth = widths.len() - 1; // inner levels
         let inner_nodes: usize = widths[..depth].iter().sum();
-        let mut plns: Vec<ArcSwap<Pln>> = Vec::with_capacity(used);
+        let mut plns: Vec<ArcSwap<Pln<St>>> = Vec::with_capacity(used);
         let mut bounds: Vec<Bound> = Vec::with_capacity(used);
         let limit = pln_limit(n_entries);
-        let writes = |es: &[Entry]| -> u64 { es.iter().map(|e| e.leaf.counters.get().writes).sum() };
+        let writes = |es: &[Entry<St>]| -> u64 { es.iter().map(|e| e.leaf.counters.get().writes).sum() };
         let total = if hot { writes(&entries) } else { 0 };
         let mut hot_plns = 0;
         let mut it = entries.into_iter().peekable();
         for _ in 0..used {
-            let chunk: Vec<Entry> = it.by_ref().take(PLN_FILL).collect();
+            let chunk: Vec<Entry<St>> = it.by_ref().take(PLN_FILL).collect();
             let last = it.peek().is_none();
             bounds.push(if last {
                 Bound::PosInf
@@ -299,13 +318,13 @@ impl Index {
     }
 
     /// Routes `key` to its leaf: the first entry whose bound is >= key.
-    pub fn find(&self, key: &[u8]) -> Found {
+    pub fn find(&self, key: &[u8]) -> Found<St> {
         self.route(key, false)
     }
 
     /// The leaf `key` routes to, without the bounds [`Index::find`] copies
     /// (the point operations' path: two key copies fewer per operation).
-    pub fn find_leaf(&self, key: &[u8]) -> Arc<LeafRef> {
+    pub fn find_leaf(&self, key: &[u8]) -> Arc<LeafRef<St>> {
         self.with_leaf(key, Arc::clone)
     }
 
@@ -314,7 +333,7 @@ impl Index {
     /// the two atomic read-modify-writes of the handle's reference count
     /// a clone and its drop cost (and the stall on that line).
     #[inline]
-    pub fn with_leaf<R>(&self, key: &[u8], f: impl FnOnce(&Arc<LeafRef>) -> R) -> R {
+    pub fn with_leaf<R>(&self, key: &[u8], f: impl FnOnce(&Arc<LeafRef<St>>) -> R) -> R {
         let kw = crate::format::leaf_nv::key_word(key);
         let mut p = self.find_pln_word(key, kw, false).min(self.used_plns - 1);
         loop {
@@ -331,18 +350,18 @@ impl Index {
     }
 
     /// The first leaf whose bound is > key: where keys just above `key` live.
-    pub fn find_gt(&self, key: &[u8]) -> Found {
+    pub fn find_gt(&self, key: &[u8]) -> Found<St> {
         self.route(key, true)
     }
 
     /// The last leaf.
-    pub fn find_last(&self) -> Found {
+    pub fn find_last(&self) -> Found<St> {
         let (p, pos) = self.last_entry(self.used_plns - 1);
         let pln = self.plns[p].load();
         self.found_at(p, pos, &pln)
     }
 
-    fn route(&self, key: &[u8], strict: bool) -> Found {
+    fn route(&self, key: &[u8], strict: bool) -> Found<St> {
         let kw = crate::format::leaf_nv::key_word(key);
         let mut p = self.find_pln_word(key, kw, strict).min(self.used_plns - 1);
         loop {
@@ -368,7 +387,7 @@ impl Index {
         }
     }
 
-    fn found_at(&self, p: usize, pos: usize, pln: &Pln) -> Found {
+    fn found_at(&self, p: usize, pos: usize, pln: &Pln<St>) -> Found<St> {
         let e = &pln.entries[pos];
         let low = if pos > 0 {
             pln.entries[pos - 1].max.clone()
@@ -395,7 +414,7 @@ impl Index {
     }
 
     /// The entry before (`pln`, `pos`) in key order.
-    pub fn predecessor(&self, pln: usize, pos: usize) -> Option<Entry> {
+    pub fn predecessor(&self, pln: usize, pos: usize) -> Option<Entry<St>> {
         if pos > 0 {
             return Some(self.plns[pln].load().entries[pos - 1].clone());
         }
@@ -403,7 +422,7 @@ impl Index {
     }
 
     /// The entry after (`pln`, `pos`) in key order.
-    pub fn successor(&self, pln: usize, pos: usize) -> Option<(usize, usize, Entry)> {
+    pub fn successor(&self, pln: usize, pos: usize) -> Option<(usize, usize, Entry<St>)> {
         let here = self.plns[pln].load();
         if pos + 1 < here.entries.len() {
             return Some((pln, pos + 1, here.entries[pos + 1].clone()));
@@ -412,7 +431,7 @@ impl Index {
     }
 
     /// Every entry in key order.
-    pub fn entries(&self) -> Vec<Entry> {
+    pub fn entries(&self) -> Vec<Entry<St>> {
         let mut v = Vec::new();
         for p in &self.plns[..self.used_plns] {
             v.extend(p.load().entries.iter().cloned());
@@ -434,7 +453,7 @@ impl Index {
 mod tests {
     use super::*;
 
-    fn entries(n: usize) -> Vec<Entry> {
+    fn entries(n: usize) -> Vec<Entry<()>> {
         (0..n)
             .map(|i| Entry {
                 max: if i + 1 == n {
@@ -503,7 +522,7 @@ mod tests {
         // Every bound has the same first 8 bytes: the word ties and full keys decide.
         let n = 3000;
         let k = |i: usize| format!("samepref{i:06}").into_bytes();
-        let es: Vec<Entry> = (0..n)
+        let es: Vec<Entry<()>> = (0..n)
             .map(|i| Entry {
                 max: if i + 1 == n {
                     Bound::PosInf

@@ -2,11 +2,12 @@
 //! the reasons for it are in `format/leaf_isle.rs`.
 //!
 //! Readers take no lock. Writers change published words in place (a code
-//! word, a compact value word), so a leaf's `seq` is odd from just before
-//! such a store until it is durable; a reader that saw it odd, or saw it
-//! move while it read, reads again. Slots are written only while free, and
-//! a slot freed by a delete can be reused only by a later writer, whose
-//! code store moves `seq`: a reader never keeps a torn pair.
+//! word, a compact value word), so a leaf's sequence word (the format's
+//! DRAM `State` in the leaf handle) is odd from just before such a store
+//! until it is durable; a reader that saw it odd, or saw it move while it
+//! read, reads again. Slots are written only while free, and a slot freed
+//! by a delete can be reused only by a later writer, whose code store
+//! moves the sequence word: a reader never keeps a torn pair.
 //!
 //! Elements carry no versions (the paper's leaves have none, and an update
 //! overwrites in place): snapshots, transactions and write batches need an
@@ -23,7 +24,7 @@ use std::sync::atomic::{fence, AtomicU64, Ordering};
 use super::collate::{Collated, Keep, Slot};
 use super::leaf::{self, Audit, AuditCtx, Elem, LeafFormat, Newest, Removed, Scan, ValueRef, Written};
 use super::mvcc::Clock;
-use super::LeafRef;
+use super::Leaf;
 use crate::format::element;
 use crate::format::element::{encode, inline_value_word};
 use crate::format::leaf_isle::{self as il, IsleLeaf, Kind};
@@ -264,32 +265,32 @@ fn find_from<S: Space>(s: &S, leaf: u64, size: u64, codes: &[u8], key: &[u8], st
 /// Whether a key with word `kw` has moved on from the leaf (a split in
 /// place since the caller routed).
 #[inline]
-fn moved(leaf: &LeafRef, kw: u64) -> bool {
+fn moved(leaf: &Leaf<Isle>, kw: u64) -> bool {
     let high = leaf.high.load(Ordering::Acquire);
     high != u64::MAX && kw >= high
 }
 
 /// Runs `f` as a reader: again until no writer changed the leaf meanwhile.
-fn read_stable<T>(leaf: &LeafRef, mut f: impl FnMut() -> T) -> T {
+fn read_stable<T>(leaf: &Leaf<Isle>, mut f: impl FnMut() -> T) -> T {
     loop {
-        let s1 = leaf.seq.load(Ordering::Acquire);
+        let s1 = leaf.state.load(Ordering::Acquire);
         if s1 & 1 == 1 {
             std::hint::spin_loop();
             continue;
         }
         let r = f();
         fence(Ordering::Acquire);
-        if leaf.seq.load(Ordering::Relaxed) == s1 {
+        if leaf.state.load(Ordering::Relaxed) == s1 {
             return r;
         }
     }
 }
 
-/// Writer side of [`read_stable`]: `seq` is odd while `f` runs.
-fn write_visible<T>(leaf: &LeafRef, f: impl FnOnce() -> T) -> T {
-    leaf.seq.fetch_add(1, Ordering::AcqRel);
+/// Writer side of [`read_stable`]: the leaf's sequence word is odd while `f` runs.
+fn write_visible<T>(leaf: &Leaf<Isle>, f: impl FnOnce() -> T) -> T {
+    leaf.state.fetch_add(1, Ordering::AcqRel);
     let r = f();
-    leaf.seq.fetch_add(1, Ordering::Release);
+    leaf.state.fetch_add(1, Ordering::Release);
     r
 }
 
@@ -396,6 +397,15 @@ fn all_slots<S: Space>(s: &S, leaf: u64, size: u64) -> Vec<(Loc, Slot)> {
 }
 
 impl LeafFormat for Isle {
+    /// The leaf's sequence word: odd while a writer changes a published
+    /// word in place and until the change is durable (see the module docs).
+    type State = AtomicU64;
+
+    #[inline]
+    fn read_settled<T>(leaf: &Leaf<Self>, f: impl FnMut() -> T) -> T {
+        read_stable(leaf, f)
+    }
+
     /// A write takes one slot (an update of a compact value none, but
     /// it still counts as a write).
     fn appended(_inserted: bool) -> u64 {
@@ -434,7 +444,7 @@ impl LeafFormat for Isle {
         IsleLeaf::at(leaf).next_word()
     }
 
-    fn newest<S: Space>(s: &S, leaf: &LeafRef, _n: u64, key: &[u8], _at: u64) -> Option<Newest> {
+    fn newest<S: Space>(s: &S, leaf: &Leaf<Isle>, _n: u64, key: &[u8], _at: u64) -> Option<Newest> {
         let leaf = leaf.off;
         let size = Self::size(s, leaf);
         let cs = codes(s, leaf, size);
@@ -459,7 +469,7 @@ impl LeafFormat for Isle {
         element::element_value(s, &words_at(s, leaf, size, Loc::from_index(s, leaf, i)))
     }
 
-    fn append<S: Space>(_s: &S, _leaf: &LeafRef, _n: u64, _elems: &[[u64; 4]]) {
+    fn append<S: Space>(_s: &S, _leaf: &Leaf<Isle>, _n: u64, _elems: &[[u64; 4]]) {
         unreachable!("isle leaves take no appends (transactions need an nv pool)")
     }
 
@@ -504,7 +514,7 @@ impl LeafFormat for Isle {
         s.flush(leaf, used as u64, points::NV_NEWLEAF_FLUSH);
     }
 
-    fn read_ref<S: Space>(s: &S, leaf: &LeafRef, key: &[u8], _at: u64) -> Option<Option<ValueRef>> {
+    fn read_ref<S: Space>(s: &S, leaf: &Leaf<Isle>, key: &[u8], _at: u64) -> Option<Option<ValueRef>> {
         let kw = nv::key_word(key);
         // The element's words are taken only once no writer moved them
         // meanwhile; a blob they name is immutable and stays allocated
@@ -530,7 +540,7 @@ impl LeafFormat for Isle {
 
     fn upsert<S: Space>(
         s: &S,
-        leaf: &LeafRef,
+        leaf: &Leaf<Isle>,
         key: &[u8],
         value: &[u8],
         blob: u64,
@@ -631,7 +641,7 @@ impl LeafFormat for Isle {
         }
     }
 
-    fn remove<S: Space>(s: &S, leaf: &LeafRef, key: &[u8], clock: &Clock) -> Removed {
+    fn remove<S: Space>(s: &S, leaf: &Leaf<Isle>, key: &[u8], clock: &Clock) -> Removed {
         if moved(leaf, nv::key_word(key)) {
             return Removed::Moved;
         }
@@ -655,7 +665,7 @@ impl LeafFormat for Isle {
         Removed::Done { existed: true, freed }
     }
 
-    fn collate_leaf<S: Space>(s: &S, leaf: &LeafRef, _keep: Keep, lo: &RB<Vec<u8>>, hi: &RB<Vec<u8>>) -> Collated {
+    fn collate_leaf<S: Space>(s: &S, leaf: &Leaf<Isle>, _keep: Keep, lo: &RB<Vec<u8>>, hi: &RB<Vec<u8>>) -> Collated {
         let bounded = !matches!((lo, hi), (RB::Unbounded, RB::Unbounded));
         let mut valid: Vec<Slot> = read_stable(leaf, || {
             slots(s, leaf.off, leaf.size)
@@ -683,7 +693,7 @@ impl LeafFormat for Isle {
         s.load(IsleLeaf::at(leaf).low_word())
     }
 
-    fn split_in_place<S: Space>(s: &S, leaf: &LeafRef, new_off: u64, right: &[Slot]) {
+    fn split_in_place<S: Space>(s: &S, leaf: &Leaf<Isle>, new_off: u64, right: &[Slot]) {
         let (off, size) = (leaf.off, leaf.size);
         // The link publishes the new leaf and, by STALE, kills the moved pairs here.
         let nw = IsleLeaf::at(off).next_word();
@@ -718,7 +728,7 @@ impl LeafFormat for Isle {
         lines_for(elems) + extra.div_ceil(il::G_SLOTS as u64) <= il::data_lines(size)
     }
 
-    fn has_room<S: Space>(_s: &S, _leaf: &LeafRef, _need: u64) -> bool {
+    fn has_room<S: Space>(_s: &S, _leaf: &Leaf<Isle>, _need: u64) -> bool {
         // Room depends on the kind of pair; a writer that found none asked
         // for the rewrite, and a leaf another writer replaced is dead.
         false
@@ -742,7 +752,7 @@ impl LeafFormat for Isle {
         crate::format::validate::isle_leaf(s, off, data_start).map(|size| (size, None))
     }
 
-    fn audit<S: Space>(s: &S, leaf: &LeafRef, ctx: &AuditCtx<'_>) -> Audit {
+    fn audit<S: Space>(s: &S, leaf: &Leaf<Isle>, ctx: &AuditCtx<'_>) -> Audit {
         recover::audit(s, leaf, ctx)
     }
 }

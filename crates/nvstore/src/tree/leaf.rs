@@ -8,7 +8,7 @@ use std::ops::Bound as RB;
 
 use super::collate::{Collated, Keep, Slot};
 use super::mvcc::Clock;
-use super::LeafRef;
+use super::Leaf;
 use crate::format::leaf_nv::{self as nv, Meta};
 use crate::format::validate::Damage;
 use crate::pmem::Space;
@@ -92,6 +92,18 @@ pub struct Newest {
 pub trait LeafFormat: Send + Sync + 'static {
     const NAME: &'static str;
 
+    /// What the format keeps of each leaf in DRAM only, inside the leaf's
+    /// handle ([`super::LeafRef::state`]); generic code never reads it.
+    type State: Default + Send + Sync + 'static;
+
+    /// Runs `f`, which reads the leaf's published words, with the format's
+    /// reader protocol: a format that changes published words in place runs
+    /// it again until no writer changed the leaf meanwhile.
+    #[inline]
+    fn read_settled<T>(_leaf: &Leaf<Self>, mut f: impl FnMut() -> T) -> T {
+        f()
+    }
+
     /// Elements a leaf of `size` bytes holds.
     fn capacity(size: u64) -> u64;
     /// Published element count (persistent).
@@ -110,11 +122,11 @@ pub trait LeafFormat: Send + Sync + 'static {
 
     /// Newest element for `key` among the first `n` whose version is at
     /// most `at` (positive or NEGATIVE).
-    fn newest<S: Space>(s: &S, leaf: &LeafRef, n: u64, key: &[u8], at: u64) -> Option<Newest>;
+    fn newest<S: Space>(s: &S, leaf: &Leaf<Self>, n: u64, key: &[u8], at: u64) -> Option<Newest>;
 
     /// What a reader at `at` finds for `key` among the first `n` elements.
     #[inline]
-    fn lookup_at<S: Space>(s: &S, leaf: &LeafRef, n: u64, key: &[u8], at: u64) -> Lookup {
+    fn lookup_at<S: Space>(s: &S, leaf: &Leaf<Self>, n: u64, key: &[u8], at: u64) -> Lookup {
         match Self::newest(s, leaf, n, key, at) {
             Some(e) if !e.negative => Lookup::Present(e.index),
             _ => Lookup::Absent,
@@ -123,7 +135,7 @@ pub trait LeafFormat: Send + Sync + 'static {
 
     /// The newest state of `key` among the first `n` elements.
     #[inline]
-    fn lookup<S: Space>(s: &S, leaf: &LeafRef, n: u64, key: &[u8]) -> Lookup {
+    fn lookup<S: Space>(s: &S, leaf: &Leaf<Self>, n: u64, key: &[u8]) -> Lookup {
         Self::lookup_at(s, leaf, n, key, u64::MAX)
     }
     /// Reads element `i` (key loaded from the blob if needed).
@@ -135,7 +147,7 @@ pub trait LeafFormat: Send + Sync + 'static {
     /// (the format decides how it is persisted: see `format/leaf_nv.rs`).
     /// The caller holds the leaf lock and then raises `leaf.durable`,
     /// which is what publishes them to readers.
-    fn append<S: Space>(s: &S, leaf: &LeafRef, n: u64, elems: &[[u64; 4]]);
+    fn append<S: Space>(s: &S, leaf: &Leaf<Self>, n: u64, elems: &[[u64; 4]]);
 
     /// Writes a complete new leaf (unlinked, flushed but not fenced: the
     /// caller fences once for all new leaves of a split).
@@ -173,7 +185,7 @@ pub trait LeafFormat: Send + Sync + 'static {
     /// Split in place: `right` (the upper part of the leaf's elements,
     /// already built into the fenced new leaf `new_off`) leaves `leaf`.
     /// Links the new leaf and drops the moved elements, durably.
-    fn split_in_place<S: Space>(_s: &S, _leaf: &LeafRef, _new_off: u64, _right: &[Slot]) {
+    fn split_in_place<S: Space>(_s: &S, _leaf: &Leaf<Self>, _new_off: u64, _right: &[Slot]) {
         unreachable!("{} leaves split by copying", Self::NAME)
     }
 
@@ -181,10 +193,10 @@ pub trait LeafFormat: Send + Sync + 'static {
     /// where its value lives, or `Some(None)` when it has none; `None` when
     /// the key has moved to another leaf (route again). The caller keeps
     /// the epoch pinned while it reads the value through the answer.
-    fn read_ref<S: Space>(s: &S, leaf: &LeafRef, key: &[u8], at: u64) -> Option<Option<ValueRef>>;
+    fn read_ref<S: Space>(s: &S, leaf: &Leaf<Self>, key: &[u8], at: u64) -> Option<Option<ValueRef>>;
 
     /// [`LeafFormat::read_ref`] with the value copied out.
-    fn read<S: Space>(s: &S, leaf: &LeafRef, key: &[u8], at: u64) -> Option<Option<Vec<u8>>> {
+    fn read<S: Space>(s: &S, leaf: &Leaf<Self>, key: &[u8], at: u64) -> Option<Option<Vec<u8>>> {
         Self::read_ref(s, leaf, key, at).map(|v| v.map(|v| v.with(s, <[u8]>::to_vec)))
     }
 
@@ -194,7 +206,7 @@ pub trait LeafFormat: Send + Sync + 'static {
     /// [`Written::Absent`] (having written nothing) when it holds none.
     fn upsert<S: Space>(
         s: &S,
-        leaf: &LeafRef,
+        leaf: &Leaf<Self>,
         key: &[u8],
         value: &[u8],
         blob: u64,
@@ -214,11 +226,11 @@ pub trait LeafFormat: Send + Sync + 'static {
     }
 
     /// Removes `key` (leaf lock held, as for [`LeafFormat::upsert`]).
-    fn remove<S: Space>(s: &S, leaf: &LeafRef, key: &[u8], clock: &Clock) -> Removed;
+    fn remove<S: Space>(s: &S, leaf: &Leaf<Self>, key: &[u8], clock: &Clock) -> Removed;
 
     /// The leaf's elements in `[lo, hi]` collated as `keep` says, read with
     /// the format's reader protocol (or under the leaf lock).
-    fn collate_leaf<S: Space>(s: &S, leaf: &LeafRef, keep: Keep, lo: &RB<Vec<u8>>, hi: &RB<Vec<u8>>) -> Collated;
+    fn collate_leaf<S: Space>(s: &S, leaf: &Leaf<Self>, keep: Keep, lo: &RB<Vec<u8>>, hi: &RB<Vec<u8>>) -> Collated;
 
     /// Whether a new leaf of `size` bytes holds `elems` with room for
     /// `extra` more.
@@ -228,7 +240,7 @@ pub trait LeafFormat: Send + Sync + 'static {
 
     /// Whether a leaf has room for `need` more elements (a split that lost
     /// a race finds room made by another).
-    fn has_room<S: Space>(s: &S, leaf: &LeafRef, need: u64) -> bool;
+    fn has_room<S: Space>(s: &S, leaf: &Leaf<Self>, need: u64) -> bool;
 
     /// Recovery: validates the leaf at `off` and gathers what the rebuild
     /// needs (`committed`: the header's commit record).
@@ -248,10 +260,10 @@ pub trait LeafFormat: Send + Sync + 'static {
 
     /// Clean shutdown: persists what the leaf's format keeps in DRAM speed
     /// only (flushed here; the clean word's fence orders it).
-    fn settle<S: Space>(_s: &S, _leaf: &LeafRef) {}
+    fn settle<S: Space>(_s: &S, _leaf: &Leaf<Self>) {}
 
     /// `check`: every invariant of one leaf the format owns.
-    fn audit<S: Space>(s: &S, leaf: &LeafRef, ctx: &AuditCtx<'_>) -> Audit;
+    fn audit<S: Space>(s: &S, leaf: &Leaf<Self>, ctx: &AuditCtx<'_>) -> Audit;
 
     /// Checks the leaf at `off` read from media (`format::validate`):
     /// its size and, for formats that have one, its persistent count.

@@ -27,7 +27,6 @@ pub mod split;
 
 use std::marker::PhantomData;
 use std::ops::Bound as RB;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -53,28 +52,27 @@ pub const MAX_KEY: usize = 64 * 1024;
 /// Largest value, in bytes.
 pub const MAX_VALUE: usize = 16 * 1024 * 1024;
 
-/// DRAM handle of one leaf. Laid out in field order, the fields a lookup
-/// reads first (so they share the handle's first cache lines).
+/// DRAM handle of one leaf, with its format's own DRAM state `St`
+/// ([`LeafFormat::State`]; [`Leaf`] names the handle of a format). Laid
+/// out in field order, the fields a lookup reads first (so they share the
+/// handle's first cache lines): the generic words, then the format's state.
 #[repr(C)]
-pub struct LeafRef {
+pub struct LeafRef<St> {
     pub off: u64,
     pub size: u64,
     /// Elements known durable: readers scan up to here.
     pub durable: AtomicU64,
-    /// Formats that change published words in place (isle) make it odd
-    /// while they do and until the change is durable; readers retry when
-    /// it is odd or moved while they read.
-    pub seq: AtomicU64,
     /// Key words at or above this have moved to the right sibling (a split
     /// in place); a reader or writer that routed here with an older index
     /// routes again.
     pub high: AtomicU64,
     /// Set once `verdict` is known sound: the check every lookup makes
-    /// reads this word on the handle's first line, not the verdict three
-    /// lines further on.
+    /// reads this word on the handle's first line, not the verdict
+    /// further on.
     pub checked: AtomicBool,
-    /// Lookup hints of an nv leaf (fingerprints), DRAM only.
-    pub hints: std::sync::OnceLock<hints::Hints>,
+    /// What the leaf's format keeps of it in DRAM only (nv: lookup hints;
+    /// isle: the in-place change sequence), read by that format alone.
+    pub state: St,
     /// Whether the leaf passed [`LeafFormat::validate`] (`None`) or what
     /// is damaged in it; set on first use of a leaf read from media, at
     /// creation for a leaf this process built.
@@ -86,28 +84,30 @@ pub struct LeafRef {
     pub counters: LeafCounters,
 }
 
-impl LeafRef {
-    pub fn new(off: u64) -> LeafRef {
+/// The leaf handle of format `L`.
+pub type Leaf<L> = LeafRef<<L as LeafFormat>::State>;
+
+impl<St: Default> LeafRef<St> {
+    pub fn new(off: u64) -> Self {
         LeafRef::with(off, 0, 0)
     }
-    pub fn with(off: u64, size: u64, count: u64) -> LeafRef {
+    pub fn with(off: u64, size: u64, count: u64) -> Self {
         LeafRef {
             off,
             size,
             durable: AtomicU64::new(count),
+            high: AtomicU64::new(u64::MAX),
+            state: St::default(),
+            verdict: std::sync::OnceLock::new(),
             dead: AtomicBool::new(false),
             lock: Mutex::new(()),
-            seq: AtomicU64::new(0),
-            high: AtomicU64::new(u64::MAX),
             checked: AtomicBool::new(false),
             counters: LeafCounters::default(),
-            hints: std::sync::OnceLock::new(),
-            verdict: std::sync::OnceLock::new(),
         }
     }
 
     /// A handle of a leaf this process has just built: sound by construction.
-    pub fn built(off: u64, size: u64, count: u64) -> LeafRef {
+    pub fn built(off: u64, size: u64, count: u64) -> Self {
         let l = LeafRef::with(off, size, count);
         let _ = l.verdict.set(None);
         l.checked.store(true, Ordering::Relaxed);
@@ -147,7 +147,7 @@ pub struct TreeStats {
 pub struct Tree<S: Space, L: LeafFormat> {
     pub space: Arc<S>,
     pub alloc: Arc<Allocator>,
-    pub index: ArcSwap<Index>,
+    pub index: ArcSwap<Index<L::State>>,
     structure: Mutex<()>,
     /// Serialises transaction commits (NV-Tree §6.1.1): at most one multi-leaf
     /// transaction is ever unfinished, so one header word records commits.
@@ -156,7 +156,6 @@ pub struct Tree<S: Space, L: LeafFormat> {
     pub node_size: u64,
     pub keys: AtomicI64,
     pub stats: TreeStats,
-    pub path: PathBuf,
     /// Test hook run after a split has published its new leaves and released
     /// its locks, before the splitting operation goes on (crash tests use it
     /// to let another writer act inside that window).
@@ -179,11 +178,10 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
     pub(crate) fn assemble(
         space: Arc<S>,
         alloc: Arc<Allocator>,
-        entries: Vec<Entry>,
+        entries: Vec<Entry<L::State>>,
         node_size: u64,
         keys: u64,
         last_ts: u64,
-        path: PathBuf,
     ) -> Self {
         let leaves = entries.len() as u64;
         Tree {
@@ -196,7 +194,6 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
             node_size,
             keys: AtomicI64::new(keys as i64),
             stats: TreeStats::default(),
-            path,
             split_hook: Mutex::new(None),
             adaptive: Profile::new(leaves, L::SEARCH_LINE_SHARE),
             damaged: AtomicBool::new(false),
@@ -210,7 +207,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
     /// with the offset every time it is reached, and the tree refuses
     /// writes from then on.
     #[inline]
-    pub fn sound(&self, leaf: &LeafRef) -> Result<()> {
+    pub fn sound(&self, leaf: &Leaf<L>) -> Result<()> {
         if leaf.checked.load(Ordering::Acquire) {
             return Ok(());
         }
@@ -218,7 +215,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
     }
 
     #[cold]
-    fn sound_slow(&self, leaf: &LeafRef) -> Result<()> {
+    fn sound_slow(&self, leaf: &Leaf<L>) -> Result<()> {
         let verdict = match leaf.verdict.get() {
             Some(v) => v,
             None => leaf.verdict.get_or_init(|| self.validate(leaf)),
@@ -230,42 +227,31 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
             }
             Some(d) => {
                 self.damaged.store(true, Ordering::Relaxed);
-                Err(Error::corrupt_at(&self.path, d.off, d.what.clone()))
+                Err(Error::corrupt_at(d.off, d.what.clone()))
             }
         }
     }
 
     #[cold]
-    fn validate(&self, leaf: &LeafRef) -> Option<Damage> {
+    fn validate(&self, leaf: &Leaf<L>) -> Option<Damage> {
         if leaf.off == 0 && leaf.size == 0 {
             return None; // read-only view of a pool without a first leaf
         }
-        // As a reader of a format that changes words in place: again
-        // until no writer moved the leaf meanwhile.
-        loop {
-            let s1 = leaf.seq.load(Ordering::Acquire);
-            if s1 & 1 == 1 {
-                std::hint::spin_loop();
-                continue;
-            }
-            let r = L::validate(&*self.space, leaf.off, self.alloc.data_start());
-            std::sync::atomic::fence(Ordering::Acquire);
-            if leaf.seq.load(Ordering::Relaxed) != s1 {
-                continue;
-            }
-            let off = leaf.off;
-            return match r {
-                Err(d) => Some(d),
-                Ok((size, _)) if size != leaf.size => Some(Damage {
-                    off,
-                    what: format!("leaf {off} has size {size}, the index says {}", leaf.size),
-                }),
-                Ok((_, Some(count))) if leaf.durable.load(Ordering::Acquire) > count => Some(Damage {
-                    off,
-                    what: format!("leaf {off} count {count} is below the index's"),
-                }),
-                Ok(_) => None,
-            };
+        // With the format's reader protocol: a format that changes words
+        // in place reads again until no writer moved the leaf meanwhile.
+        let r = L::read_settled(leaf, || L::validate(&*self.space, leaf.off, self.alloc.data_start()));
+        let off = leaf.off;
+        match r {
+            Err(d) => Some(d),
+            Ok((size, _)) if size != leaf.size => Some(Damage {
+                off,
+                what: format!("leaf {off} has size {size}, the index says {}", leaf.size),
+            }),
+            Ok((_, Some(count))) if leaf.durable.load(Ordering::Acquire) > count => Some(Damage {
+                off,
+                what: format!("leaf {off} count {count} is below the index's"),
+            }),
+            Ok(_) => None,
         }
     }
 
@@ -273,15 +259,13 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
     #[inline]
     fn writable_tree(&self) -> Result<()> {
         if self.damaged.load(Ordering::Relaxed) {
-            return Err(Error::Corrupt {
-                path: self.path.clone(),
-                off: None,
-                what: "the pool is damaged (see `nvstore check`); writes are refused, `nvstore salvage` copies what is readable".into(),
-            });
+            return Err(Error::corrupt(
+                "the pool is damaged (see `nvstore check`); writes are refused, `nvstore salvage` copies what is readable",
+            ));
         }
         if !self.clock.has_room() {
             return Err(Error::ClockExhausted {
-                path: self.path.clone(),
+                path: Default::default(),
                 last: self.clock.last(),
                 limit: Clock::LIMIT,
             });

@@ -6,10 +6,10 @@ use std::ops::Bound as RB;
 use std::sync::atomic::Ordering;
 
 use super::collate::{collate, collate_in, Collated, Keep, Slot};
-use super::hints::{cached_layout, element_lookup_word, fingerprint, hints, lookup_word, KeyTable};
+use super::hints::{cached_layout, element_lookup_word, fingerprint, hints, lookup_word, HintsCell, KeyTable};
 use super::leaf::{show, Audit, AuditCtx, Elem, LeafFormat, Lookup, Newest, Removed, Scan, ValueRef, Written};
 use super::mvcc::Clock;
-use super::LeafRef;
+use super::Leaf;
 use crate::format::blob;
 use crate::format::element::{element_key, element_value, encode, leaf_blob_ok, negate, validate_blob};
 use crate::format::leaf_nv::{self as nv, Layout, Meta, NvLeaf, SealAt};
@@ -113,6 +113,8 @@ fn compact_match<S: Space>(s: &S, layout: &Layout, i: u64, key: &[u8], kw: u64, 
 }
 
 impl LeafFormat for Nv {
+    type State = HintsCell;
+
     const NAME: &'static str = "nv";
 
     #[inline]
@@ -140,7 +142,7 @@ impl LeafFormat for Nv {
         Layout::read(s, leaf).valid(size, count)
     }
 
-    fn newest<S: Space>(s: &S, leaf: &LeafRef, n: u64, key: &[u8], at: u64) -> Option<Newest> {
+    fn newest<S: Space>(s: &S, leaf: &Leaf<Nv>, n: u64, key: &[u8], at: u64) -> Option<Newest> {
         let h = hints(s, leaf);
         let kw = nv::key_word(key);
         let lw = lookup_word(key);
@@ -183,7 +185,7 @@ impl LeafFormat for Nv {
         element_value(s, &Layout::read(s, leaf).words(s, i))
     }
 
-    fn append<S: Space>(s: &S, leaf: &LeafRef, n: u64, elems: &[[u64; 4]]) {
+    fn append<S: Space>(s: &S, leaf: &Leaf<Nv>, n: u64, elems: &[[u64; 4]]) {
         let h = hints(s, leaf);
         for (j, e) in elems.iter().enumerate() {
             // A long key's blob was written just before: reading it back hits the cache.
@@ -340,7 +342,7 @@ impl LeafFormat for Nv {
     /// whose fingerprint matches: about one.
     const SEARCH_LINE_SHARE: f64 = 1.0 / 32.0;
 
-    fn read_ref<S: Space>(s: &S, leaf: &LeafRef, key: &[u8], at: u64) -> Option<Option<ValueRef>> {
+    fn read_ref<S: Space>(s: &S, leaf: &Leaf<Nv>, key: &[u8], at: u64) -> Option<Option<ValueRef>> {
         let n = leaf.durable.load(Ordering::Acquire);
         Some(match Self::lookup_at(s, leaf, n, key, at) {
             Lookup::Present(i) => Some(ValueRef::of(s, &cached_layout(s, leaf).words(s, i))),
@@ -350,7 +352,7 @@ impl LeafFormat for Nv {
 
     fn upsert<S: Space>(
         s: &S,
-        leaf: &LeafRef,
+        leaf: &Leaf<Nv>,
         key: &[u8],
         value: &[u8],
         blob: u64,
@@ -390,7 +392,7 @@ impl LeafFormat for Nv {
         }
     }
 
-    fn remove<S: Space>(s: &S, leaf: &LeafRef, key: &[u8], clock: &Clock) -> Removed {
+    fn remove<S: Space>(s: &S, leaf: &Leaf<Nv>, key: &[u8], clock: &Clock) -> Removed {
         let n = leaf.durable.load(Ordering::Relaxed);
         // A NEGATIVE element is appended only when a positive one exists (§4.3).
         let Lookup::Present(i) = Self::lookup(s, leaf, n, key) else {
@@ -413,11 +415,11 @@ impl LeafFormat for Nv {
         }
     }
 
-    fn collate_leaf<S: Space>(s: &S, leaf: &LeafRef, keep: Keep, lo: &RB<Vec<u8>>, hi: &RB<Vec<u8>>) -> Collated {
+    fn collate_leaf<S: Space>(s: &S, leaf: &Leaf<Nv>, keep: Keep, lo: &RB<Vec<u8>>, hi: &RB<Vec<u8>>) -> Collated {
         collate_in(s, leaf.off, leaf.durable.load(Ordering::Acquire), keep, lo, hi)
     }
 
-    fn has_room<S: Space>(_s: &S, leaf: &LeafRef, need: u64) -> bool {
+    fn has_room<S: Space>(_s: &S, leaf: &Leaf<Nv>, need: u64) -> bool {
         leaf.durable.load(Ordering::Relaxed) + need <= Self::capacity(leaf.size)
     }
 
@@ -526,7 +528,7 @@ impl LeafFormat for Nv {
         undo
     }
 
-    fn settle<S: Space>(s: &S, leaf: &LeafRef) {
+    fn settle<S: Space>(s: &S, leaf: &Leaf<Nv>) {
         let n = leaf.durable.load(Ordering::Acquire);
         if NvLeaf::at(leaf.off).stamp(s) != 0 && Self::count(s, leaf.off) != n {
             let w = NvLeaf::at(leaf.off).count_word();
@@ -543,7 +545,7 @@ impl LeafFormat for Nv {
         crate::format::validate::nv_leaf(s, off, data_start).map(|(size, count)| (size, Some(count)))
     }
 
-    fn audit<S: Space>(s: &S, leaf: &LeafRef, ctx: &AuditCtx<'_>) -> Audit {
+    fn audit<S: Space>(s: &S, leaf: &Leaf<Nv>, ctx: &AuditCtx<'_>) -> Audit {
         let off = leaf.off;
         let mut a = Audit::default();
         let persistent = Self::count(s, off);
@@ -681,7 +683,7 @@ mod tests {
             let kept = collate(&s, 4096, scratch.len() as u64, Keep::Since(u64::MAX)).valid;
             let (off, size) = (36864, 8192);
             Nv::build(&s, off, size, 0, &kept);
-            let leaf = LeafRef::with(off, size, kept.len() as u64);
+            let leaf = Leaf::<Nv>::with(off, size, kept.len() as u64);
             assert!(hints(&s, &leaf).table.is_some());
             assert!(Layout::read(&s, off).compact > 0, "seed {seed}");
             let mut n = kept.len() as u64;

@@ -14,7 +14,7 @@ use super::collate::Keep;
 use super::collate::Slot;
 use super::index::{Bound, Entry, Found, Index, Pln};
 use super::leaf::LeafFormat;
-use super::{LeafRef, Tree};
+use super::{Leaf, Tree};
 use crate::error::{Error, Result};
 use crate::format::header;
 use crate::pmem::{points, Space};
@@ -95,7 +95,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
     fn apply(
         &self,
         rewrite: Rewrite,
-        site: Site<'_>,
+        site: Site<'_, L::State>,
         mut valid: Vec<Slot>,
         mut dropped_blobs: Vec<u64>,
         lk: parking_lot::MutexGuard<'_, ()>,
@@ -110,7 +110,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
         } = site;
         let leaf = &f.leaf;
         let old_next = L::next(&*self.space, leaf.off);
-        let mut merged: Option<(Entry, parking_lot::MutexGuard<'_, ()>)> = None;
+        let mut merged: Option<(Entry<L::State>, parking_lot::MutexGuard<'_, ()>)> = None;
         let mut new_entries: Vec<(Bound, u64, Vec<Slot>)> = Vec::new();
         let mut to_free = vec![leaf.off];
         let need = match goal {
@@ -238,7 +238,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
         {
             let mut low = idx.predecessor(f.pln, f.pos).map_or(Bound::NegInf, |p| p.max);
             for (i, (high, _, elems)) in new_entries.iter().enumerate() {
-                let built = LeafRef::with(offs[i], sizes[i], elems.len() as u64);
+                let built = Leaf::<L>::with(offs[i], sizes[i], elems.len() as u64);
                 self.audit_rewritten(&built, &low, high, rewrite);
                 low = high.clone();
             }
@@ -258,11 +258,11 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
         self.space.fence(points::NV_LINK_FENCE);
 
         // DRAM: new PLN (or a rebuilt index), then retire the old leaves.
-        let fresh: Vec<Entry> = new_entries
+        let fresh: Vec<Entry<L::State>> = new_entries
             .iter()
             .zip(offs.iter().zip(&sizes))
             .map(|((max, _, elems), (&off, &size))| {
-                let l = LeafRef::built(off, size, elems.len() as u64);
+                let l = Leaf::<L>::built(off, size, elems.len() as u64);
                 l.counters.set(profile.share(parts));
                 Entry {
                     max: max.clone(),
@@ -317,8 +317,8 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
     /// Returns the new leaf's size.
     fn split_in_place(
         &self,
-        idx: &Arc<Index>,
-        f: &Found,
+        idx: &Arc<Index<L::State>>,
+        f: &Found<L::State>,
         left: &[Slot],
         right: Vec<Slot>,
         old_next: u64,
@@ -331,7 +331,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
         #[cfg(debug_assertions)]
         {
             let sep = Bound::Key(left.last().expect("a non-empty left part").key().into());
-            let built = LeafRef::with(off, size, right.len() as u64);
+            let built = Leaf::<L>::with(off, size, right.len() as u64);
             self.audit_rewritten(&built, &sep, &f.high, Rewrite::SplitInPlace { at: left.len() });
         }
         // Writers and readers that routed here with the old index route again.
@@ -345,7 +345,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
             },
             Entry {
                 max: f.high.clone(),
-                leaf: Arc::new(LeafRef::built(off, size, right.len() as u64)),
+                leaf: Arc::new(Leaf::<L>::built(off, size, right.len() as u64)),
             },
         ];
         let pln = idx.plns[f.pln].load();
@@ -365,14 +365,13 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
     /// that left them is caught here, before a rewrite carries it into a
     /// leaf where no lookup would find it: the tree refuses writes from
     /// then on, as for any damaged leaf.
-    fn keys_in_bounds(&self, leaf: &LeafRef, valid: &[Slot], low: &Bound, high: &Bound) -> Result<()> {
+    fn keys_in_bounds(&self, leaf: &Leaf<L>, valid: &[Slot], low: &Bound, high: &Bound) -> Result<()> {
         let outside = |e: &Slot| e.with_key(|k| low.covers(k) || !high.covers(k));
         match valid.iter().take(1).chain(valid.last()).find(|e| outside(e)) {
             None => Ok(()),
             Some(e) => {
                 self.damaged.store(true, Ordering::Relaxed);
                 Err(Error::corrupt_at(
-                    &self.path,
                     leaf.off,
                     format!(
                         "leaf at offset {} holds key {:?} outside its key range",
@@ -389,7 +388,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
     /// above `low` and up to `high`. A violation panics here, at the
     /// rewrite that caused it, instead of at a later `check`.
     #[cfg(debug_assertions)]
-    fn audit_rewritten(&self, built: &LeafRef, low: &Bound, high: &Bound, rewrite: Rewrite) {
+    fn audit_rewritten(&self, built: &Leaf<L>, low: &Bound, high: &Bound, rewrite: Rewrite) {
         let s = &*self.space;
         let in_bounds = |k: &[u8]| !low.covers(k) && high.covers(k);
         let ctx = super::leaf::AuditCtx {
@@ -437,7 +436,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
 
     /// Rebuild-from-PLN (NV-Tree §4.5): a PLN overflowed; lay every entry
     /// out in a new index. Searches keep using the old one until the swap.
-    fn rebuild_from_plns(&self, idx: &Index, changed: usize, changed_entries: Vec<Entry>) {
+    fn rebuild_from_plns(&self, idx: &Index<L::State>, changed: usize, changed_entries: Vec<Entry<L::State>>) {
         let t = Instant::now();
         let mut all = Vec::with_capacity(idx.leaf_count() + 1);
         for (p, pln) in idx.plns[..idx.used_plns].iter().enumerate() {
@@ -489,11 +488,11 @@ pub(super) enum Rewrite {
 }
 
 /// Where a planned rewrite happens, for [`Tree::apply`].
-struct Site<'a> {
-    idx: &'a Arc<Index>,
-    f: &'a Found,
+struct Site<'a, St> {
+    idx: &'a Arc<Index<St>>,
+    f: &'a Found<St>,
     /// The right sibling in the same PLN, if any.
-    right: Option<Entry>,
+    right: Option<Entry<St>>,
     goal: Goal<'a>,
     started: Option<Instant>,
     guard: &'a epoch::Guard,

@@ -159,9 +159,9 @@ fn rebuilds_from_the_hash_table() {
     use crate::pmem::{SimSpace, LINE};
     let size = 4096 + 16 * 16384;
     let space = Arc::new(SimSpace::new(size));
-    space.store(header::POOL_SIZE_OFF, size);
-    let alloc = Arc::new(Allocator::fresh(16384, 4096, size, "t".into()));
-    let table = HashTable::create(space, alloc, 2 * LINE, "t".into()).unwrap();
+    space.store(header::pool_size_word(), size);
+    let alloc = Arc::new(Allocator::fresh(16384, 4096, size));
+    let table = HashTable::create(space, alloc, 2 * LINE).unwrap();
     let mut model = BTreeMap::new();
     for i in 0..700u32 {
         let k = format!("user/{:04}", (i * 37) % 1000).into_bytes();

@@ -73,7 +73,7 @@ pub(super) fn scan<S: Space>(s: &S, off: u64, _committed: u64) -> std::result::R
     })
 }
 
-pub(super) fn audit<S: Space>(s: &S, leaf: &LeafRef, ctx: &AuditCtx<'_>) -> Audit {
+pub(super) fn audit<S: Space>(s: &S, leaf: &Leaf<Isle>, ctx: &AuditCtx<'_>) -> Audit {
     let off = leaf.off;
     let mut a = Audit::default();
     let cs = codes(s, off, leaf.size);
@@ -331,7 +331,7 @@ mod tests {
         // A read-only open of a pool whose leaf chain is empty routes to
         // a handle of size 0: reading it reads no codes.
         let s = pool();
-        let empty = LeafRef::with(0, 0, 0);
+        let empty = Leaf::<Isle>::with(0, 0, 0);
         assert_eq!(Isle::read(&s, &empty, b"aaaaaaaa", u64::MAX), Some(None));
         assert_eq!(Isle::count(&s, 0), u64::MAX);
     }

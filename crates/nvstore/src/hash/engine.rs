@@ -439,10 +439,12 @@ fn load_image<S: Space>(
     it.next().is_none().then_some(keys)
 }
 
-/// The error tree-only features give on a hash pool.
+/// The error tree-only features give on a hash pool: what is missing,
+/// why, and what to do instead.
 pub fn unsupported(what: &str) -> Error {
     Error::Unsupported(format!(
-        "{what} need an nv tree pool: a hash pool keeps one version of each key and has no \
-         multi-key commit (nvstore create POOL --engine tree --leaf nv)"
+        "{what} need a tree pool: a hash pool keeps one version of each key and has no \
+         multi-key commit. Use a tree pool (nvstore create POOL --engine tree), copying the \
+         data over with `nvstore dump HASH_POOL | nvstore load POOL -`"
     ))
 }

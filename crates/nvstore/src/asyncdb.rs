@@ -85,9 +85,10 @@ impl<S: Space + Send + Sync + 'static> AsyncDb<S> {
         let workers = (0..workers.max(1))
             .map(|i| {
                 let (db, rx, abort) = (db.clone(), rx.clone(), abort.clone());
+                let n = workers.max(1);
                 std::thread::Builder::new()
                     .name(format!("nvstore-async-{i}"))
-                    .spawn(move || worker(&db, &rx, &abort))
+                    .spawn(move || worker(&db, &rx, &abort, n))
                     .expect("spawning an async worker thread")
             })
             .collect();
@@ -110,7 +111,8 @@ impl<S: Space + Send + Sync + 'static> AsyncDb<S> {
         self.workers.len()
     }
 
-    /// Requests queued that no worker has started yet.
+    /// Requests queued that no worker has taken yet (a worker takes a
+    /// batch of them at once, see [`BATCH`]).
     pub fn queued(&self) -> usize {
         self.queue.as_ref().map_or(0, |q| q.len())
     }
@@ -237,14 +239,28 @@ impl<S: Space + Send + Sync + 'static> Drop for AsyncDb<S> {
     }
 }
 
-fn worker<S: Space>(db: &Db<S>, rx: &Receiver<Job<S>>, abort: &AtomicBool) {
+/// Most requests a worker takes off the queue at once.
+pub const BATCH: usize = 32;
+
+/// A worker's loop. It sleeps in `recv` only while the queue is empty;
+/// otherwise it takes its share of what is queued (up to [`BATCH`], the
+/// rest left for the other workers) in one go and runs the batch, so a
+/// client that keeps many requests in flight costs the workers no wakeup
+/// and one queue visit per batch rather than per request.
+fn worker<S: Space>(db: &Db<S>, rx: &Receiver<Job<S>>, abort: &AtomicBool, workers: usize) {
+    let mut batch: Vec<Job<S>> = Vec::with_capacity(BATCH);
     // `recv` fails once the queue is closed and empty: every request sent
     // before the close has been handed to some worker.
     while let Ok(job) = rx.recv() {
-        if abort.load(Ordering::SeqCst) {
-            job(None);
-        } else {
-            job(Some(db));
+        batch.push(job);
+        let share = (rx.len() / workers.max(1)).min(BATCH - 1);
+        batch.extend(rx.try_iter().take(share));
+        for job in batch.drain(..) {
+            if abort.load(Ordering::SeqCst) {
+                job(None);
+            } else {
+                job(Some(db));
+            }
         }
     }
 }

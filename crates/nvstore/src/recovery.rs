@@ -38,8 +38,12 @@ pub enum RecoveryKind {
     Created,
     /// Loaded the state saved at clean shutdown.
     Instant,
-    /// Rebuilt from the leaves (after a crash).
+    /// Rebuilt from the leaves (after a crash); on a hash pool, the
+    /// ordered index rebuilt by sorting the table's keys.
     Rebuild,
+    /// A hash pool: the ordered index loaded from the image its clean close
+    /// saved (the table is scanned and validated all the same).
+    Loaded,
 }
 
 #[derive(Clone, Copy, Debug, serde::Serialize)]

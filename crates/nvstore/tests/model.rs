@@ -169,9 +169,9 @@ fn run(engine: EngineKind, ops: Vec<Op>) {
                 snaps.clear(); // snapshots do not outlive the open pool
                 let space = db.close_into_space().unwrap();
                 db = Db::open_space(SimSpace::from_image(space.current_image()), "model".as_ref()).unwrap();
-                // A hash pool saves nothing at close: it rebuilds its index at every open.
+                // A hash pool loads the index its clean close saved.
                 let want = if hash {
-                    nvstore::RecoveryKind::Rebuild
+                    nvstore::RecoveryKind::Loaded
                 } else {
                     nvstore::RecoveryKind::Instant
                 };

@@ -458,6 +458,7 @@ fn recovery_kind(k: nvstore::RecoveryKind) -> &'static str {
         nvstore::RecoveryKind::Created => "created",
         nvstore::RecoveryKind::Instant => "instant",
         nvstore::RecoveryKind::Rebuild => "rebuild",
+        nvstore::RecoveryKind::Loaded => "loaded",
     }
 }
 

@@ -438,9 +438,9 @@ impl<'c> Campaign<'c> {
     /// acknowledged operation is durable); after a clean close the
     /// recovery must also be instant.
     fn submit_acked(&mut self, data: Vec<u8>, g: u64, what: &str, closed: bool) {
-        // A hash pool saves nothing at close: every open rebuilds its index.
+        // A tree pool saves its state at close, a hash pool its index.
         let allowed = Allowed {
-            instant: closed && self.cfg.engine == EngineKind::Tree,
+            instant: closed,
             ..Allowed::exactly(self.model.clone())
         };
         let img = Image {
@@ -598,7 +598,7 @@ impl<'c> Campaign<'c> {
         if let Some(current) = self.close_clean(g) {
             let kind = match self.cfg.engine {
                 EngineKind::Tree => RecoveryKind::Instant,
-                EngineKind::Hash => RecoveryKind::Rebuild,
+                EngineKind::Hash => RecoveryKind::Loaded,
             };
             self.reopen_main(g, current, "clean reopen", kind);
         }

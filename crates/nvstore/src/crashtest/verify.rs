@@ -147,9 +147,14 @@ pub(super) fn verify_read_only(env: &Env, image: Vec<u8>, db: &Db<Probe>, proble
 /// Every check of one recovered image; problems go to `out`.
 pub(super) fn verify(env: &Env, db: &Db<Probe>, allowed: &Allowed, job: &CheckJob, out: &mut Checked) {
     let problems = &mut out.problems;
-    if allowed.instant && db.recovery().kind != RecoveryKind::Instant {
+    // A tree loads its saved state, a hash pool its saved index.
+    let saved = match db.engine() {
+        crate::format::header::EngineKind::Tree => RecoveryKind::Instant,
+        crate::format::header::EngineKind::Hash => RecoveryKind::Loaded,
+    };
+    if allowed.instant && db.recovery().kind != saved {
         problems.push(format!(
-            "clean close was acknowledged but recovery was {:?}, not instant",
+            "clean close was acknowledged but recovery was {:?}, not {saved:?}",
             db.recovery().kind
         ));
     }

@@ -53,6 +53,12 @@ pub struct Options {
     /// the size of the leaves that replace a full one. Not stored in the
     /// pool; each open chooses.
     pub adaptive: Strategy,
+    /// Keep the hash engine's ordered index (KVS B+Tree index §2): a B+-tree
+    /// in DRAM over the keys, for range and prefix queries. Off, a hash
+    /// pool answers point operations only (ranges and prefixes fail with
+    /// [`Error::Unsupported`]) and saves the index's upkeep. Not stored in
+    /// the pool; each open chooses. Tree pools ignore it.
+    pub ordered_index: bool,
 }
 
 impl Default for Options {
@@ -69,6 +75,7 @@ impl Default for Options {
             read_only: false,
             force_shared: false,
             adaptive: DEFAULT_ADAPTIVE,
+            ordered_index: true,
         }
     }
 }
@@ -187,7 +194,7 @@ impl<S: Space> Db<S> {
             name: None,
         };
         let space = FileSpace::open(path, &fo)?;
-        let db = Db::open_space(wrap(space), path)?;
+        let db = Db::open_space_with(wrap(space), path, opts.ordered_index)?;
         db.start_adaptive(opts.adaptive, opts.latency_ns);
         Ok(db)
     }
@@ -294,7 +301,7 @@ impl<S: Space> Db<S> {
         if opts.engine == EngineKind::Hash {
             // The table first, then the header: a pool whose creation was
             // cut short is "not a pool" or has a whole, empty table.
-            let engine = HashEngine::create(space.clone(), alloc)?;
+            let engine = HashEngine::create(space.clone(), alloc, opts.ordered_index)?;
             h.create(&*space, size);
             return Ok(Db {
                 engine: Engine::Hash(Arc::new(engine)),
@@ -347,16 +354,22 @@ impl<S: Space> Db<S> {
 
     /// Opens an existing pool in `space` (`path` names it in messages).
     pub fn open_space(space: S, path: &Path) -> Result<Db<S>> {
-        Db::open_unnamed(space, path).map_err(|e| e.at(path))
+        Db::open_space_with(space, path, true)
     }
 
-    fn open_unnamed(space: S, path: &Path) -> Result<Db<S>> {
+    /// [`Db::open_space`], with or without the hash engine's ordered index
+    /// ([`Options::ordered_index`]).
+    fn open_space_with(space: S, path: &Path, ordered_index: bool) -> Result<Db<S>> {
+        Db::open_unnamed(space, path, ordered_index).map_err(|e| e.at(path))
+    }
+
+    fn open_unnamed(space: S, path: &Path, ordered_index: bool) -> Result<Db<S>> {
         let mut h = Header::read(&space)?;
         let was_clean = header::clean_state(&space) != 0;
         let space = Arc::new(space);
         let (engine, recovery) = match (h.engine, h.leaf_format) {
             (EngineKind::Hash, _) => {
-                let (e, r) = HashEngine::open(space.clone(), &h)?;
+                let (e, r) = HashEngine::open(space.clone(), &h, ordered_index)?;
                 (Engine::Hash(Arc::new(e)), r)
             }
             (EngineKind::Tree, LeafKind::Nv) => {

@@ -155,7 +155,7 @@ impl<S: Space> Iter<S> {
         match self {
             Iter::Nv(i) => i.error(),
             Iter::Isle(i) => i.error(),
-            Iter::Hash(_) => None,
+            Iter::Hash(i) => i.error(),
         }
     }
 
@@ -164,7 +164,7 @@ impl<S: Space> Iter<S> {
         match self {
             Iter::Nv(i) => i.next_checked(),
             Iter::Isle(i) => i.next_checked(),
-            Iter::Hash(i) => i.next().map(Ok),
+            Iter::Hash(i) => i.next_checked(),
         }
     }
 

@@ -11,9 +11,26 @@
 //! - A range walks one snapshot of the index and reads each key's value
 //!   from the table; a key deleted meanwhile is skipped, so a range sees
 //!   every key that was present throughout it and none that never was.
-//! - Open always scans the table: it validates every published slot, lists
-//!   the blocks the allocator rebuild needs, and rebuilds the index. The
-//!   header's clean word only records that the last close was clean.
+//! - Open always scans the table: it validates every published slot and
+//!   lists the blocks the allocator rebuild needs. The index is then
+//!   loaded from the image a clean close saved ([`save_image`]), or, after
+//!   a crash or when the image does not validate, rebuilt by sorting the
+//!   table's keys.
+//!
+//! # The saved index
+//!
+//! A clean close writes the index's keys, in order, into one block
+//! (`format/saved.rs` sealing: magic, length, CRC-32; body `{ IMAGE_TAG,
+//! key_count, key[key_count] }`, each key as length + words), flushes it
+//! (`hash.image.flush`), and publishes its offset in the header's clean
+//! word with one store, the low 16 bits of the image's checksum above the
+//! offset (as the tree's saved state does): the clean word's own fence
+//! orders the image's flush before the close is acknowledged. The next
+//! open trusts the image only if its magic, length, checksum and tag
+//! match, its keys are strictly ascending and their count is the table's;
+//! else it rebuilds. The block is not reachable from the table, so the
+//! allocator rebuild of a writable open frees it (after the clean word is
+//! cleared, before any other write); a read-only open counts it as used.
 
 use std::ops::Bound as RB;
 use std::sync::Arc;
@@ -27,14 +44,25 @@ use crate::alloc::Allocator;
 use crate::check::CheckReport;
 use crate::error::{Error, Result};
 use crate::format::header::{self, Header};
+use crate::format::saved;
 use crate::pmem::Space;
 use crate::recovery::{Recovery, RecoveryKind};
 use crate::tree::mvcc::Clock;
 use crate::tree::TreeStats;
 
 /// The value of the header's clean word after a clean close of a hash
-/// pool (nothing is saved: the next open rebuilds the index anyway).
+/// pool opened without its index (nothing saved): the next open rebuilds
+/// it. Any other nonzero value names a saved image.
 pub const CLEAN_MARK: u64 = 1;
+
+/// The first body word of a saved index image.
+pub const IMAGE_TAG: u64 = u64::from_le_bytes(*b"HASHIDX1");
+
+/// The clean word: the image's offset in the low 48 bits, the low 16 bits
+/// of its checksum above them.
+const CLEAN_TAG_SHIFT: u32 = 48;
+const CLEAN_OFFSET_MASK: u64 = (1 << CLEAN_TAG_SHIFT) - 1;
+const CLEAN_TAG_MASK: u64 = 0xffff;
 
 /// A hash pool opened by `Db`.
 pub struct HashEngine<S: Space> {
@@ -42,6 +70,11 @@ pub struct HashEngine<S: Space> {
     pub alloc: Arc<Allocator>,
     pub table: HashTable<S>,
     pub index: Index<()>,
+    /// Whether the ordered index is kept (`Options::ordered_index`).
+    indexed: bool,
+    /// A read-only open of a cleanly closed pool: the saved image's block,
+    /// used though the table does not reach it (`check` counts it).
+    image: Option<u64>,
     writer: Mutex<()>,
     /// Hash pools keep no versions: this clock never advances (it is there
     /// so `Db::clock` answers on every engine).
@@ -54,13 +87,15 @@ impl<S: Space> HashEngine<S> {
     /// An empty table published at the header's hash root word. Called
     /// before the header is written, so a pool whose creation crashed is
     /// either "not a pool" or a pool with a whole, empty table.
-    pub fn create(space: Arc<S>, alloc: Arc<Allocator>) -> Result<HashEngine<S>> {
+    pub fn create(space: Arc<S>, alloc: Arc<Allocator>, indexed: bool) -> Result<HashEngine<S>> {
         let table = HashTable::create(space.clone(), alloc.clone(), header::hash_root_word())?;
         Ok(HashEngine {
             space,
             alloc,
             table,
             index: Index::new(index::ORDER),
+            indexed,
+            image: None,
             writer: Mutex::new(()),
             clock: Clock::new(0),
             stats: TreeStats::default(),
@@ -68,30 +103,60 @@ impl<S: Space> HashEngine<S> {
     }
 
     /// Opens the table of a pool whose header has been validated: scan and
-    /// validate it, rebuild the allocator by reachability, rebuild the
-    /// index. On a writable open the clean word is cleared first (before
-    /// any other write), as on tree pools.
-    pub fn open(space: Arc<S>, h: &Header) -> Result<(HashEngine<S>, Recovery)> {
+    /// validate it, load the saved index image (or rebuild the index when
+    /// there is none or it does not validate), rebuild the allocator by
+    /// reachability. On a writable open the clean word is cleared first
+    /// (before any other write), as on tree pools; the image's block is then
+    /// free. Without `indexed`, no index is loaded or built.
+    pub fn open(space: Arc<S>, h: &Header, indexed: bool) -> Result<(HashEngine<S>, Recovery)> {
         let t = Instant::now();
         let s = &*space;
-        let scan = HashTable::recover(s, header::hash_root_word())?;
+        let mut scan = HashTable::recover(s, header::hash_root_word())?;
+        let clean = header::clean_state(s);
+        let loaded = if clean > CLEAN_MARK {
+            load_image(s, clean, h.data_start, &scan.reachable, scan.len())
+        } else {
+            None
+        };
+        // A read-only open leaves the image in place: its block stays used.
+        let image = match &loaded {
+            Some(_) if !s.writable() => {
+                let off = clean & CLEAN_OFFSET_MASK;
+                scan.reachable.insert(off);
+                Some(off)
+            }
+            _ => None,
+        };
         let alloc = Arc::new(Allocator::rebuild(s, h.chunk_size, h.data_start, &scan.reachable)?);
-        if s.writable() && header::clean_state(s) != 0 {
+        if let Some(off) = image {
+            scan.reachable.remove(&off);
+        }
+        if s.writable() && clean != 0 {
             header::set_clean_state(s, 0);
         }
         let table = HashTable::open(space.clone(), alloc.clone(), header::hash_root_word(), scan);
-        let index = Index::rebuild(&table, index::ORDER, |_, _| ());
+        let (index, kind) = match loaded {
+            Some(keys) if indexed => (
+                Index::from_sorted(index::ORDER, keys.into_iter().map(|k| (k, ()))),
+                RecoveryKind::Loaded,
+            ),
+            Some(_) => (Index::new(index::ORDER), RecoveryKind::Loaded),
+            None if indexed => (Index::rebuild(&table, index::ORDER, |_, _| ()), RecoveryKind::Rebuild),
+            None => (Index::new(index::ORDER), RecoveryKind::Rebuild),
+        };
         let engine = HashEngine {
             space,
             alloc,
             table,
             index,
+            indexed,
+            image,
             writer: Mutex::new(()),
             clock: Clock::new(0),
             stats: TreeStats::default(),
         };
         let recovery = Recovery {
-            kind: RecoveryKind::Rebuild,
+            kind,
             millis: t.elapsed().as_secs_f64() * 1e3,
         };
         Ok((engine, recovery))
@@ -106,7 +171,9 @@ impl<S: Space> HashEngine<S> {
         crate::tree::check_sizes(key, value)?;
         let _w = self.writer.lock();
         self.table.put(key, value)?;
-        self.index.insert(key, ());
+        if self.indexed {
+            self.index.insert(key, ());
+        }
         Ok(())
     }
 
@@ -125,7 +192,7 @@ impl<S: Space> HashEngine<S> {
         crate::tree::check_key(key)?;
         let _w = self.writer.lock();
         let removed = self.table.delete(key);
-        if removed {
+        if removed && self.indexed {
             self.index.remove(key);
         }
         Ok(removed)
@@ -163,7 +230,7 @@ impl<S: Space> HashEngine<S> {
             problems.push("the table lists a key twice".into());
         }
         let index_keys: Vec<Vec<u8>> = self.index.range(RB::Unbounded, RB::Unbounded).map(|(k, _)| k).collect();
-        if index_keys != table_keys {
+        if self.indexed && index_keys != table_keys {
             let first = index_keys.iter().zip(&table_keys).position(|(a, b)| a != b);
             problems.push(format!(
                 "the ordered index ({} keys) differs from the table ({} keys), first at position {:?}",
@@ -186,18 +253,31 @@ impl<S: Space> HashEngine<S> {
             ));
         }
         r.blobs = scan.blobs;
-        r.reachable_blocks = scan.reachable.len() as u64;
-        problems.extend(self.alloc.verify(&*self.space, &scan.reachable));
+        let mut reachable = scan.reachable;
+        if let Some(off) = self.image {
+            reachable.insert(off);
+        }
+        r.reachable_blocks = reachable.len() as u64;
+        problems.extend(self.alloc.verify(&*self.space, &reachable));
         r.used_bytes = self.alloc.used_bytes() + h.data_start;
         r.ok = problems.is_empty();
         r.problems = problems;
         r
     }
 
-    /// Marks the pool cleanly closed (one root store) and syncs.
+    /// Saves the ordered index's keys into a block ([`save_image`]) and
+    /// marks the pool cleanly closed with the block's offset (one root
+    /// store), then syncs. With no index kept nothing is saved and the
+    /// mark is [`CLEAN_MARK`].
     pub fn close_clean(&self) -> Result<()> {
         let _w = self.writer.lock();
-        header::set_clean_state(&*self.space, CLEAN_MARK);
+        let s = &*self.space;
+        let word = if self.indexed {
+            save_image(s, &self.alloc, &self.index)?
+        } else {
+            CLEAN_MARK
+        };
+        header::set_clean_state(s, word);
         self.space.sync()
     }
 
@@ -206,6 +286,14 @@ impl<S: Space> HashEngine<S> {
         fn b(x: &RB<Vec<u8>>) -> RB<&[u8]> {
             x.as_ref().map(Vec::as_slice)
         }
+        if !self.indexed {
+            return HashIter {
+                engine: self.clone(),
+                keys: None,
+                error: Some(no_index()),
+                reported: false,
+            };
+        }
         let keys = if reverse {
             self.index.range_rev(b(&lo), b(&hi))
         } else {
@@ -213,7 +301,9 @@ impl<S: Space> HashEngine<S> {
         };
         HashIter {
             engine: self.clone(),
-            keys,
+            keys: Some(keys),
+            error: None,
+            reported: false,
         }
     }
 }
@@ -228,6 +318,9 @@ impl<S: Space> HashEngine<S> {
         reverse: bool,
         mut f: impl FnMut(&[u8], &[u8]) -> std::ops::ControlFlow<()>,
     ) -> Result<()> {
+        if !self.indexed {
+            return Err(no_index());
+        }
         for (k, v) in self.range(lo, hi, reverse) {
             if f(&k, &v).is_break() {
                 break;
@@ -238,16 +331,38 @@ impl<S: Space> HashEngine<S> {
 }
 
 /// A range over a hash pool: keys from one snapshot of the index, values
-/// from the table.
+/// from the table. Without an index it yields nothing and keeps the
+/// `Unsupported` error ([`HashIter::error`]).
 pub struct HashIter<S: Space> {
     engine: Arc<HashEngine<S>>,
-    keys: index::Iter<()>,
+    keys: Option<index::Iter<()>>,
+    error: Option<Error>,
+    reported: bool,
+}
+
+impl<S: Space> HashIter<S> {
+    /// Why the range yields nothing, if it cannot be served.
+    pub fn error(&self) -> Option<&Error> {
+        self.error.as_ref()
+    }
+
+    /// The next pair, or (once) the error that stops the range.
+    pub fn next_checked(&mut self) -> Option<Result<(Vec<u8>, Vec<u8>)>> {
+        if self.error.is_some() {
+            if self.reported {
+                return None;
+            }
+            self.reported = true;
+            return Some(Err(no_index()));
+        }
+        self.next().map(Ok)
+    }
 }
 
 impl<S: Space> Iterator for HashIter<S> {
     type Item = (Vec<u8>, Vec<u8>);
     fn next(&mut self) -> Option<Self::Item> {
-        for (k, ()) in self.keys.by_ref() {
+        for (k, ()) in self.keys.as_mut()?.by_ref() {
             if let Some(v) = self.engine.table.get(&k) {
                 return Some((k, v));
             }
@@ -256,10 +371,81 @@ impl<S: Space> Iterator for HashIter<S> {
     }
 }
 
-/// The error tree-only features give on a hash pool.
+/// A range or prefix on a hash pool opened without its ordered index.
+fn no_index() -> Error {
+    Error::Unsupported(
+        "range and prefix queries on a hash pool need its ordered index, which this open left out \
+         (open with Options::ordered_index on)"
+            .into(),
+    )
+}
+
+/// Writes `index`'s keys, in order, sealed into a new block, and flushes
+/// it (`hash.image.flush`; the clean word's fence orders it). Returns the
+/// clean word that names it.
+fn save_image<S: Space>(s: &S, alloc: &Allocator, index: &Index<()>) -> Result<u64> {
+    let mut body = vec![IMAGE_TAG, index.len()];
+    for (k, ()) in index.range(RB::Unbounded, RB::Unbounded) {
+        saved::put_bytes(&mut body, &k);
+    }
+    let sealed = saved::seal(&body);
+    let bytes: Vec<u8> = sealed.iter().flat_map(|w| w.to_le_bytes()).collect();
+    let off = alloc.alloc(s, bytes.len() as u64)?;
+    s.write(off, &bytes);
+    s.flush(off, bytes.len() as u64, super::points::IMAGE_FLUSH);
+    Ok(off | (sealed[saved::CRC_W] & CLEAN_TAG_MASK) << CLEAN_TAG_SHIFT)
+}
+
+/// The keys of the image the clean word `clean` names, if it is whole
+/// (magic, length, checksum, tag), lies outside every block the table
+/// reaches, holds strictly ascending keys and as many as the table (`len`).
+fn load_image<S: Space>(
+    s: &S,
+    clean: u64,
+    data_start: u64,
+    reachable: &std::collections::BTreeSet<u64>,
+    len: u64,
+) -> Option<Vec<Vec<u8>>> {
+    let (at, tag) = (clean & CLEAN_OFFSET_MASK, clean >> CLEAN_TAG_SHIFT);
+    let pool = s.size();
+    if !at.is_multiple_of(crate::pmem::LINE) || at < data_start || reachable.contains(&at) {
+        return None;
+    }
+    if at.checked_add(saved::BODY_W as u64 * 8)? > pool || s.read_u64(at) != saved::MAGIC {
+        return None;
+    }
+    let words = s.read_u64(at + 8);
+    if words < saved::BODY_W as u64 + 2 || words > (pool - at) / 8 {
+        return None;
+    }
+    let mut bytes = vec![0u8; words as usize * 8];
+    s.read(at, &mut bytes);
+    let all: Vec<u64> = bytes
+        .chunks_exact(8)
+        .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
+        .collect();
+    let body = saved::open(&all)?;
+    if all[saved::CRC_W] & CLEAN_TAG_MASK != tag || body[0] != IMAGE_TAG || body[1] != len {
+        return None;
+    }
+    let mut it = body[2..].iter().copied();
+    let mut keys: Vec<Vec<u8>> = Vec::with_capacity(len.min(1 << 24) as usize);
+    for _ in 0..len {
+        let k = saved::get_bytes(&mut it)?;
+        if keys.last().is_some_and(|p| *p >= k) {
+            return None;
+        }
+        keys.push(k);
+    }
+    it.next().is_none().then_some(keys)
+}
+
+/// The error tree-only features give on a hash pool: what is missing,
+/// why, and what to do instead.
 pub fn unsupported(what: &str) -> Error {
     Error::Unsupported(format!(
-        "{what} need an nv tree pool: a hash pool keeps one version of each key and has no \
-         multi-key commit (nvstore create POOL --engine tree --leaf nv)"
+        "{what} need a tree pool: a hash pool keeps one version of each key and has no \
+         multi-key commit. Use a tree pool (nvstore create POOL --engine tree), copying the \
+         data over with `nvstore dump HASH_POOL | nvstore load POOL -`"
     ))
 }

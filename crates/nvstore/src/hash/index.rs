@@ -31,18 +31,23 @@ use parking_lot::Mutex;
 use super::table::HashTable;
 use crate::pmem::Space;
 
-/// Default branching factor (most entries or children per node).
-pub const ORDER: usize = 64;
+/// Default branching factor (most entries or children per node). Small,
+/// because every insert copies the nodes on its path (copy-on-write): a
+/// copy costs a pointer per entry, so 16 entries over a taller path copy
+/// about a third of what 64 entries over a shorter one do, while a range
+/// still reads whole nodes.
+pub const ORDER: usize = 16;
+
+/// A key as nodes hold it: shared, so copying a node on a writer's path
+/// (copy-on-write) copies pointers, not key bytes.
+type Key = Arc<[u8]>;
 
 #[derive(Clone, Debug)]
 enum Node<V> {
     /// Sorted keys and their values.
-    Leaf { keys: Vec<Vec<u8>>, vals: Vec<V> },
+    Leaf { keys: Vec<Key>, vals: Vec<V> },
     /// `kids[i]` holds the keys `k` with `keys[i-1] <= k < keys[i]`.
-    Inner {
-        keys: Vec<Vec<u8>>,
-        kids: Vec<Arc<Node<V>>>,
-    },
+    Inner { keys: Vec<Key>, kids: Vec<Arc<Node<V>>> },
 }
 
 impl<V: Clone> Node<V> {
@@ -54,7 +59,7 @@ impl<V: Clone> Node<V> {
     }
 
     /// Splits a full node in two halves and returns the separator.
-    fn split(&mut self) -> (Vec<u8>, Node<V>) {
+    fn split(&mut self) -> (Key, Node<V>) {
         match self {
             Node::Leaf { keys, vals } => {
                 let mid = keys.len() / 2;
@@ -80,8 +85,8 @@ impl<V: Clone> Node<V> {
 }
 
 /// Index of the child of an inner node whose range holds `key`.
-fn child(keys: &[Vec<u8>], key: &[u8]) -> usize {
-    keys.partition_point(|s| s.as_slice() <= key)
+fn child(keys: &[Key], key: &[u8]) -> usize {
+    keys.partition_point(|s| &s[..] <= key)
 }
 
 /// A concurrent ordered map from byte keys to `V`.
@@ -128,10 +133,7 @@ impl<V: Clone + Send + Sync + 'static> Index<V> {
             match node {
                 Node::Inner { keys, kids } => node = &kids[child(keys, key)],
                 Node::Leaf { keys, vals } => {
-                    return keys
-                        .binary_search_by(|k| k.as_slice().cmp(key))
-                        .ok()
-                        .map(|i| vals[i].clone());
+                    return keys.binary_search_by(|k| k[..].cmp(key)).ok().map(|i| vals[i].clone());
                 }
             }
         }
@@ -161,10 +163,10 @@ impl<V: Clone + Send + Sync + 'static> Index<V> {
         loop {
             match node {
                 Node::Leaf { keys, vals } => {
-                    return match keys.binary_search_by(|k| k.as_slice().cmp(key)) {
+                    return match keys.binary_search_by(|k| k[..].cmp(key)) {
                         Ok(i) => Some(std::mem::replace(&mut vals[i], val)),
                         Err(i) => {
-                            keys.insert(i, key.to_vec());
+                            keys.insert(i, Key::from(key));
                             vals.insert(i, val);
                             None
                         }
@@ -175,7 +177,7 @@ impl<V: Clone + Send + Sync + 'static> Index<V> {
                     if kids[i].size() >= self.order {
                         let kid = Arc::make_mut(&mut kids[i]);
                         let (sep, right) = kid.split();
-                        let go_right = key >= sep.as_slice();
+                        let go_right = key >= &sep[..];
                         keys.insert(i, sep);
                         kids.insert(i + 1, Arc::new(right));
                         i += go_right as usize;
@@ -208,7 +210,7 @@ impl<V: Clone + Send + Sync + 'static> Index<V> {
         loop {
             match node {
                 Node::Leaf { keys, vals } => {
-                    let i = keys.binary_search_by(|k| k.as_slice().cmp(key)).ok()?;
+                    let i = keys.binary_search_by(|k| k[..].cmp(key)).ok()?;
                     keys.remove(i);
                     return Some(vals.remove(i));
                 }
@@ -226,7 +228,7 @@ impl<V: Clone + Send + Sync + 'static> Index<V> {
     /// Gives child `i` (at the minimum) an entry to spare: borrows one from
     /// a sibling above the minimum, else merges it with a sibling. Returns
     /// the index of the child now holding `i`'s range.
-    fn refill(&self, keys: &mut Vec<Vec<u8>>, kids: &mut Vec<Arc<Node<V>>>, i: usize) -> usize {
+    fn refill(&self, keys: &mut Vec<Key>, kids: &mut Vec<Arc<Node<V>>>, i: usize) -> usize {
         let min = self.min();
         if i > 0 && kids[i - 1].size() > min {
             let (l, r) = kids.split_at_mut(i);
@@ -303,15 +305,64 @@ impl<V: Clone + Send + Sync + 'static> Index<V> {
         self.range(Bound::Included(prefix), hi)
     }
 
-    /// Builds the index from every key of `table` (at open).
+    /// Builds the index from every key of `table` (at open): sorted, then
+    /// loaded bottom-up ([`Index::from_sorted`]).
     pub fn rebuild<S: Space>(table: &HashTable<S>, order: usize, mut val: impl FnMut(&[u8], &[u8]) -> V) -> Index<V> {
         let mut entries = Vec::new();
         table.for_each(|k, v| entries.push((k.to_vec(), val(k, v))));
         entries.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        Index::from_sorted(order, entries)
+    }
+
+    /// Builds the index bottom-up from entries in strictly ascending key
+    /// order (a rebuild's sorted keys, or a saved image): leaves filled to
+    /// three quarters, then each level of inner nodes over the one below.
+    /// Every node but the root holds between `order / 2` and `order`
+    /// entries, as inserts and removes keep them.
+    pub fn from_sorted(order: usize, entries: impl IntoIterator<Item = (Vec<u8>, V)>) -> Index<V> {
         let index = Index::new(order);
-        for (k, v) in entries {
-            index.insert(&k, v);
+        let (keys, vals): (Vec<Key>, Vec<V>) = entries.into_iter().map(|(k, v)| (Key::from(k), v)).unzip();
+        debug_assert!(keys.windows(2).all(|w| w[0] < w[1]), "from_sorted needs ascending keys");
+        let n = keys.len();
+        if n == 0 {
+            return index;
         }
+        let (min, fill) = (index.min(), (order * 3 / 4).max(index.min()));
+        // Sizes of `k` nodes over `n` entries: as even as can be, each
+        // between `min` and `order` when there is more than one node.
+        let split = |n: usize| -> Vec<usize> {
+            let k = n.div_ceil(fill).min((n / min).max(1));
+            (0..k).map(|i| n / k + usize::from(i < n % k)).collect()
+        };
+        // Each level: the nodes and the smallest key under each.
+        let mut level: Vec<(Key, Arc<Node<V>>)> = Vec::new();
+        let (mut keys, mut vals) = (keys.into_iter(), vals.into_iter());
+        for size in split(n) {
+            let lk: Vec<Key> = keys.by_ref().take(size).collect();
+            let lv: Vec<V> = vals.by_ref().take(size).collect();
+            level.push((lk[0].clone(), Arc::new(Node::Leaf { keys: lk, vals: lv })));
+        }
+        while level.len() > 1 {
+            let mut up = Vec::new();
+            let mut nodes = level.into_iter();
+            for size in split(nodes.len()) {
+                let group: Vec<(Key, Arc<Node<V>>)> = nodes.by_ref().take(size).collect();
+                let first = group[0].0.clone();
+                let mut seps = Vec::with_capacity(size - 1);
+                let mut kids = Vec::with_capacity(size);
+                for (i, (k, kid)) in group.into_iter().enumerate() {
+                    if i > 0 {
+                        seps.push(k);
+                    }
+                    kids.push(kid);
+                }
+                up.push((first, Arc::new(Node::Inner { keys: seps, kids })));
+            }
+            level = up;
+        }
+        let (_, root) = level.pop().expect("one root");
+        index.root.store(root);
+        index.len.store(n as u64, Ordering::Release);
         index
     }
 
@@ -370,8 +421,8 @@ impl<V: Clone + Send + Sync + 'static> Index<V> {
                 }
                 let mut n = 0;
                 for (i, kid) in kids.iter().enumerate() {
-                    let klo = if i == 0 { lo } else { Some(keys[i - 1].as_slice()) };
-                    let khi = if i == keys.len() { hi } else { Some(keys[i].as_slice()) };
+                    let klo = if i == 0 { lo } else { Some(&keys[i - 1][..]) };
+                    let khi = if i == keys.len() { hi } else { Some(&keys[i][..]) };
                     n += self.check_node(kid, klo, khi, depth + 1, false, leaf_depth)?;
                 }
                 Ok(n)
@@ -424,7 +475,7 @@ impl<V: Clone> Iter<V> {
                         (Bound::Unbounded, true) => kids.len() - 1,
                         (Bound::Included(k) | Bound::Excluded(k), false) => child(keys, k),
                         (Bound::Included(k), true) => child(keys, k),
-                        (Bound::Excluded(k), true) => keys.partition_point(|s| s < k),
+                        (Bound::Excluded(k), true) => keys.partition_point(|s| s[..] < k[..]),
                     };
                     Some((kids[i].clone(), if rev { i } else { i + 1 }))
                 }
@@ -437,8 +488,12 @@ impl<V: Clone> Iter<V> {
                                 0
                             }
                         }
-                        Bound::Included(k) => keys.partition_point(|x| if rev { x <= k } else { x < k }),
-                        Bound::Excluded(k) => keys.partition_point(|x| if rev { x < k } else { x <= k }),
+                        Bound::Included(k) => {
+                            keys.partition_point(|x| if rev { x[..] <= k[..] } else { x[..] < k[..] })
+                        }
+                        Bound::Excluded(k) => {
+                            keys.partition_point(|x| if rev { x[..] < k[..] } else { x[..] <= k[..] })
+                        }
                     };
                     it.stack.push((node.clone(), pos));
                     None
@@ -487,7 +542,7 @@ impl<V: Clone> Iterator for Iter<V> {
                     match i {
                         Some(i) => {
                             *idx = if self.rev { i } else { i + 1 };
-                            let item = (keys[i].clone(), vals[i].clone());
+                            let item = (keys[i].to_vec(), vals[i].clone());
                             if !self.within_end(&item.0) {
                                 self.stack.clear();
                                 return None;

@@ -86,6 +86,9 @@ points! {
     /// Hash: the root word that swaps a new directory in (creation and every split).
     HASH_ROOT_FLUSH = "hash.root.flush";
     HASH_ROOT_FENCE = "hash.root.fence";
+    /// Hash clean close: the saved image of the ordered index, before the
+    /// clean word that names it (whose own fence orders this flush).
+    HASH_IMAGE_FLUSH = "hash.image.flush";
     /// Clean shutdown: every sealed nv leaf's count (stored but never
     /// flushed by appends), before the clean flag whose fence orders it, so
     /// instant recovery can trust the counts.

@@ -176,3 +176,30 @@ fn rebuilds_from_the_hash_table() {
     assert_eq!(index.prefix(b"user/01").count(), want_prefix);
     assert_eq!(got, model.into_iter().collect::<Vec<_>>());
 }
+
+/// A bottom-up load keeps every node within its bounds at any size, and
+/// the loaded index then takes inserts and removes like any other.
+#[test]
+fn loads_sorted_keys_bottom_up() {
+    for n in [
+        0usize, 1, 5, 31, 32, 33, 47, 48, 49, 63, 64, 65, 100, 1000, 3001, 20_000,
+    ] {
+        let keys: Vec<Vec<u8>> = (0..n).map(|i| format!("{:08}", i * 2).into_bytes()).collect();
+        let idx: Index<u32> = Index::from_sorted(ORDER, keys.iter().cloned().zip(0u32..));
+        idx.check().unwrap_or_else(|e| panic!("n = {n}: {e}"));
+        assert_eq!(idx.len(), n as u64);
+        let got: Vec<Vec<u8>> = idx.range(Bound::Unbounded, Bound::Unbounded).map(|(k, _)| k).collect();
+        assert_eq!(got, keys, "n = {n}");
+        let mut m: BTreeMap<Vec<u8>, u32> = keys.iter().cloned().zip(0u32..).collect();
+        for i in 0..n.min(500) {
+            let odd = format!("{:08}", i * 2 + 1).into_bytes();
+            idx.insert(&odd, 7);
+            m.insert(odd, 7);
+            let even = format!("{:08}", i * 4).into_bytes();
+            assert_eq!(idx.remove(&even), m.remove(&even), "n = {n}");
+        }
+        idx.check().unwrap_or_else(|e| panic!("n = {n} after updates: {e}"));
+        let got: Vec<(Vec<u8>, u32)> = idx.range(Bound::Unbounded, Bound::Unbounded).collect();
+        assert_eq!(got, m.into_iter().collect::<Vec<_>>(), "n = {n}");
+    }
+}

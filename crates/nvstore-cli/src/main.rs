@@ -216,6 +216,10 @@ struct ScanArgs {
     count: bool,
 }
 
+/// Default campaign length on the hash engine: about 20 000 distinct crash
+/// states with the default seed.
+const HASH_CRASHTEST_OPS: u64 = 3000;
+
 #[derive(Args, Debug)]
 struct CrashtestArgs {
     /// Engine to test: tree or hash.
@@ -228,9 +232,10 @@ struct CrashtestArgs {
     /// line codes then span two header words).
     #[arg(long, value_parser = units::parse_size)]
     node_size: Option<u64>,
-    /// Operations in the campaign.
-    #[arg(long, default_value_t = nvstore::crashtest::Config::default().ops)]
-    ops: u64,
+    /// Operations in the campaign (default: 2000; 3000 on the hash engine,
+    /// whose operations each leave fewer distinct crash states).
+    #[arg(long)]
+    ops: Option<u64>,
     /// Random seed (a failure report names the seed that reproduces it).
     #[arg(long, default_value_t = nvstore::crashtest::Config::default().seed)]
     seed: u64,
@@ -887,7 +892,10 @@ fn crashtest(a: CrashtestArgs) -> CmdResult {
         return Err(Fail::error("--threads must be at least 1"));
     }
     let cfg = crashtest::Config {
-        ops: a.ops,
+        ops: a.ops.unwrap_or(match a.engine {
+            EngineKind::Hash => HASH_CRASHTEST_OPS,
+            EngineKind::Tree => crashtest::Config::default().ops,
+        }),
         seed: a.seed,
         threads: a.threads,
         drop: a.drop.clone(),

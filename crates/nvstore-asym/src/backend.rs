@@ -566,6 +566,18 @@ impl<S: Space> Backend<S> {
         Ok(())
     }
 
+    /// Marks the free slabs `first..first + n` allocated, durably (the
+    /// bitmap's lines flushed and fenced), and moves the search hint past them.
+    fn take_slabs(&mut self, first: u64, n: u64) {
+        for j in first..first + n {
+            self.set_bit(j, true);
+        }
+        self.flush_bits(first, n, P::BITMAP_FLUSH);
+        self.space.fence(P::BITMAP_FENCE);
+        self.free_slabs -= n;
+        self.alloc_hint = first + n;
+    }
+
     /// Takes `slabs` free slabs at `addr` (a mirror repeating a primary's malloc).
     fn malloc_at(&mut self, addr: u64, slabs: u32) -> Reply {
         let first = match self.slab_index(addr, slabs) {
@@ -576,13 +588,7 @@ impl<S: Space> Backend<S> {
         if (first..first + n).any(|i| self.bit(i)) {
             return Reply::Err(Code::Invalid, format!("slabs at {addr} are already allocated"));
         }
-        for j in first..first + n {
-            self.set_bit(j, true);
-        }
-        self.flush_bits(first, n, P::BITMAP_FLUSH);
-        self.space.fence(P::BITMAP_FENCE);
-        self.free_slabs -= n;
-        self.alloc_hint = first + n;
+        self.take_slabs(first, n);
         self.space.op_boundary();
         Reply::Word(addr)
     }
@@ -950,13 +956,7 @@ impl<S: Space> Backend<S> {
         let Some(first) = start else {
             return Err((Code::NoSpace, format!("no run of {slabs} free slabs")));
         };
-        for j in first..first + n {
-            self.set_bit(j, true);
-        }
-        self.flush_bits(first, n, P::BITMAP_FLUSH);
-        self.space.fence(P::BITMAP_FENCE);
-        self.free_slabs -= n;
-        self.alloc_hint = first + n;
+        self.take_slabs(first, n);
         Ok(Reply::Word(self.geo.data_off + first * self.geo.slab))
     }
 

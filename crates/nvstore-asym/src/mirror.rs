@@ -241,12 +241,12 @@ fn open_pool(path: &Path, size: Option<u64>) -> Result<FileSpace> {
 }
 
 impl Node {
-    /// A primary on an open back-end.
-    pub fn primary(path: &Path, backend: Backend<FileSpace>) -> Node {
-        let mut n = Node {
+    /// A node in `role` with no mirrors, no backlog and synchronous replication.
+    fn new(path: &Path, backend: Option<Backend<FileSpace>>, role: Role) -> Node {
+        Node {
             path: path.to_path_buf(),
-            backend: Some(backend),
-            role: Role::Primary,
+            backend,
+            role,
             mirrors: Vec::new(),
             backlog: VecDeque::new(),
             backlog_bytes: 0,
@@ -256,7 +256,12 @@ impl Node {
             mode: Replication::Sync,
             marks: VecDeque::new(),
             lease: Arc::new(Lease::default()),
-        };
+        }
+    }
+
+    /// A primary on an open back-end.
+    pub fn primary(path: &Path, backend: Backend<FileSpace>) -> Node {
+        let mut n = Node::new(path, Some(backend), Role::Primary);
         n.backend.as_mut().unwrap().set_journal(true);
         n
     }
@@ -264,20 +269,7 @@ impl Node {
     /// A mirror on `path`: opens the pool if it exists and is clean (a
     /// dirty or unreadable pool waits for a full copy).
     pub fn mirror(path: &Path) -> Node {
-        let mut n = Node {
-            path: path.to_path_buf(),
-            backend: None,
-            role: Role::Mirror,
-            mirrors: Vec::new(),
-            backlog: VecDeque::new(),
-            backlog_bytes: 0,
-            seq: 0,
-            source: 0,
-            copies: 0,
-            mode: Replication::Sync,
-            marks: VecDeque::new(),
-            lease: Arc::new(Lease::default()),
-        };
+        let mut n = Node::new(path, None, Role::Mirror);
         if path.exists() {
             if let Ok(b) = open_pool(path, None).and_then(Backend::open) {
                 let (source, seq) = b.repl_words();

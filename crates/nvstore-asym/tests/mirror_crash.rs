@@ -9,8 +9,12 @@
 //! then asks for a full copy. With one of the mirror's persistence points
 //! dropped, a campaign must find violations.
 
+#[allow(dead_code, reason = "shared with the other back-end tests")]
+mod common;
+
+use common::{snap, Snap};
 use nvstore::pmem::sim::CaptureConfig;
-use nvstore::pmem::{SimSpace, Space};
+use nvstore::pmem::SimSpace;
 use nvstore_asym::backend::{Backend, DIRTY};
 use nvstore_asym::mirror::{apply_batch, copy_begin, copy_chunk, copy_end};
 use nvstore_asym::wire::{MemLog, Reply, Verb};
@@ -19,28 +23,6 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 const POOL: u64 = 16 << 10;
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-struct Snap {
-    data: Vec<u8>,
-    names: Vec<(String, u64)>,
-    ops: Vec<(u64, Vec<u8>)>,
-    bits: Vec<bool>,
-    op_applied: u64,
-    op_next: u64,
-}
-
-fn snap<S: Space>(b: &Backend<S>) -> Snap {
-    let g = b.geometry();
-    Snap {
-        data: b.peek(g.data_off, (g.slabs * g.slab) as usize),
-        names: b.names(),
-        ops: b.live_ops(),
-        bits: (0..g.slabs).map(|i| b.slab_allocated(i)).collect(),
-        op_applied: b.op_applied(),
-        op_next: b.op_next(),
-    }
-}
 
 /// One frame's worth of random verbs on the primary.
 fn random_frame(rng: &mut StdRng, b: &Backend<SimSpace>, slabs: &mut Vec<u64>) -> Vec<Verb> {

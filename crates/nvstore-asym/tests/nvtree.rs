@@ -11,12 +11,12 @@ use std::sync::Arc;
 
 use nvstore::pmem::SimSpace;
 use nvstore_asym::backend::Backend;
-use nvstore_asym::transport::{share, Fault, FaultyTransport, LocalTransport, SharedBackend, Transport};
+use nvstore_asym::transport::{share, Fault, FaultyTransport, LocalTransport, SharedBackend};
 use nvstore_asym::{open_db, Layout, Mode, RemoteDb, SpaceOptions};
 use parking_lot::Mutex;
 use rand::{Rng, SeedableRng};
 
-use common::{backend, opts, MODES};
+use common::{backend, opts, Switch, MODES};
 
 fn space_opts(mode: Mode, batch: usize) -> SpaceOptions {
     let mut remote = opts(mode, batch);
@@ -262,18 +262,6 @@ fn a_writer_killed_after_n_round_trips_is_recovered_exactly_once() {
         assert_eq!(db.replayed, 0, "kill after {kill_after}");
     }
     assert!(replayed > 0, "no restarted writer had logged operations to re-execute");
-}
-
-/// A transport whose back-end can be replaced, as a restarted back-end
-/// process at the same address.
-#[derive(Clone)]
-struct Switch(Arc<Mutex<SharedBackend>>);
-
-impl Transport for Switch {
-    fn round_trip(&mut self, frame: &[u8]) -> std::io::Result<Vec<u8>> {
-        let b = self.0.lock().clone();
-        LocalTransport::new(b).round_trip(frame)
-    }
 }
 
 #[test]

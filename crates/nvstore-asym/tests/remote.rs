@@ -12,10 +12,10 @@ use nvstore_asym::backend::Backend;
 use nvstore_asym::structures::{recover, Queue, Stack};
 use nvstore_asym::transport::{share, SharedBackend};
 use nvstore_asym::wire::Status;
-use nvstore_asym::{Error, Fault, FaultyTransport, Layout, LocalTransport, Mode, Remote, RemoteOptions, Transport};
+use nvstore_asym::{Error, Fault, FaultyTransport, Layout, LocalTransport, Mode, Remote, RemoteOptions};
 
 mod common;
-use common::{backend, doomed_writer, opts, val, MODES};
+use common::{backend, doomed_writer, opts, val, Switch, MODES};
 
 #[test]
 fn queue_and_stack_agree_with_a_model_in_every_mode_and_survive_reopen() {
@@ -172,18 +172,6 @@ fn a_writer_that_dies_around_a_full_op_ring_is_recovered_exactly_once() {
         assert_eq!(recover(&mut r, &mut q2).unwrap(), 0, "kill after {kill_after}");
     }
     assert!(ring_full_seen, "no enqueue met a full op-log ring");
-}
-
-/// A transport whose back-end can be replaced, as a restarted back-end
-/// process at the same address.
-#[derive(Clone)]
-struct Switch(Arc<Mutex<SharedBackend>>);
-
-impl Transport for Switch {
-    fn round_trip(&mut self, frame: &[u8]) -> std::io::Result<Vec<u8>> {
-        let b = self.0.lock().clone();
-        LocalTransport::new(b).round_trip(frame)
-    }
 }
 
 #[test]

@@ -7,16 +7,18 @@
 //! `ASYM_KILL_CHILD` set (see `writer_child`): it pushes keys 0, 1, 2, … to
 //! a queue in rcb mode and prints `acked N` after each acknowledgement.
 
+mod server_support;
+
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use nvstore_asym::structures::{recover, Queue};
 use nvstore_asym::{Mode, Remote, RemoteOptions, TcpTransport};
+use server_support::backend;
 
 const OWNER: u64 = 77;
 
@@ -27,30 +29,6 @@ fn opts() -> RemoteOptions {
         owner: OWNER,
         ..RemoteOptions::default()
     }
-}
-
-/// Starts `nvstore backend` on `pool` and waits for its readiness line.
-fn backend(pool: &Path) -> (Child, SocketAddr) {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_nvstore"))
-        .args([
-            "backend",
-            "--pool",
-            pool.to_str().unwrap(),
-            "--port",
-            "0",
-            "--size",
-            "32M",
-        ])
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn backend");
-    let mut line = String::new();
-    BufReader::new(c.stderr.take().unwrap()).read_line(&mut line).unwrap();
-    let addr = line
-        .strip_prefix("nvstore backend: ready on ")
-        .and_then(|r| r.split_whitespace().next())
-        .unwrap_or_else(|| panic!("no readiness line: {line:?}"));
-    (c, addr.parse().unwrap())
 }
 
 fn connect(addr: SocketAddr) -> Remote {

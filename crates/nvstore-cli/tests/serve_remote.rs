@@ -5,36 +5,10 @@
 
 mod server_support;
 
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 
-use server_support::{pool_dir, Server, R};
-
-/// Starts `nvstore backend` on `pool` and waits for its readiness line.
-fn backend(pool: &Path) -> (Child, SocketAddr) {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_nvstore"))
-        .args([
-            "backend",
-            "--pool",
-            pool.to_str().unwrap(),
-            "--port",
-            "0",
-            "--size",
-            "32M",
-        ])
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn backend");
-    let mut line = String::new();
-    BufReader::new(c.stderr.take().unwrap()).read_line(&mut line).unwrap();
-    let addr = line
-        .strip_prefix("nvstore backend: ready on ")
-        .and_then(|r| r.split_whitespace().next())
-        .unwrap_or_else(|| panic!("no readiness line: {line:?}"));
-    (c, addr.parse().unwrap())
-}
+use server_support::{backend, pool_dir, Server, R};
 
 fn serve(dir: &Path, addr: SocketAddr, mode: &str) -> Server {
     let a = addr.to_string();

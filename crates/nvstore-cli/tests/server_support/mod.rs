@@ -1,12 +1,12 @@
 //! Shared by the `nvstore serve` integration tests: start the real binary on
-//! a free port with a pool under /dev/shm, a minimal RESP client, and the
-//! rule for external tools (skip with a reason, or fail under
+//! a free port with a pool under /dev/shm (and an AsymNVM back-end), a minimal
+//! RESP client, and the rule for external tools (skip with a reason, or fail under
 //! `NVSTORE_REQUIRE_TOOLS=1`, which CI sets).
 
 #![allow(dead_code)]
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
+use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
@@ -270,4 +270,28 @@ pub fn have_tool(tool: &str, probe: &[&str]) -> bool {
         );
     }
     ok
+}
+
+/// Starts an AsymNVM back-end process, `nvstore backend`, on `pool` and waits for its readiness line.
+pub fn backend(pool: &Path) -> (Child, SocketAddr) {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_nvstore"))
+        .args([
+            "backend",
+            "--pool",
+            pool.to_str().unwrap(),
+            "--port",
+            "0",
+            "--size",
+            "32M",
+        ])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn backend");
+    let mut line = String::new();
+    BufReader::new(c.stderr.take().unwrap()).read_line(&mut line).unwrap();
+    let addr = line
+        .strip_prefix("nvstore backend: ready on ")
+        .and_then(|r| r.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no readiness line: {line:?}"));
+    (c, addr.parse().unwrap())
 }

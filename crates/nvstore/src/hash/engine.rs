@@ -181,7 +181,7 @@ impl<S: Space> HashEngine<S> {
     pub fn update(&self, key: &[u8], value: &[u8]) -> Result<bool> {
         crate::tree::check_sizes(key, value)?;
         let _w = self.writer.lock();
-        if self.table.get(key).is_none() {
+        if !self.table.contains(key) {
             return Ok(false);
         }
         self.table.put(key, value)?;

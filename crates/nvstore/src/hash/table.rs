@@ -222,6 +222,12 @@ impl<S: Space> HashTable<S> {
         self.state.read().depth
     }
 
+    /// Whether `key` has an entry, without copying its value out.
+    pub fn contains(&self, key: &[u8]) -> bool {
+        let st = self.state.read();
+        !self.find_all(&st, l::hash(key), key).is_empty()
+    }
+
     pub fn get(&self, key: &[u8]) -> Option<Vec<u8>> {
         let st = self.state.read();
         let found = self.find_all(&st, l::hash(key), key);

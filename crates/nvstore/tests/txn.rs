@@ -40,7 +40,7 @@ fn snapshot_is_stable_under_writes_and_splits() {
     let before: Vec<_> = snap.iter().collect();
     assert_eq!(before.len(), 200);
     // Updates, deletes and inserts, enough to split, replace and merge leaves.
-    for round in 1..4 {
+    for round in 1..8 {
         for i in 0u32..400 {
             match (i + round) % 3 {
                 0 => db

@@ -215,14 +215,10 @@ pub trait LeafFormat: Send + Sync + 'static {
     ) -> Written;
 
     /// Elements a write takes in a leaf, for the adaptive profile: an
-    /// insert appends one, an update two (a NEGATIVE and the new element,
-    /// NV-Tree Table 3).
-    fn appended(inserted: bool) -> u64 {
-        if inserted {
-            1
-        } else {
-            2
-        }
+    /// insert or an update appends one (NV-Tree Table 3 counts two for an
+    /// update, whose NEGATIVE twin nvstore does not write).
+    fn appended(_inserted: bool) -> u64 {
+        1
     }
 
     /// Removes `key` (leaf lock held, as for [`LeafFormat::upsert`]).

@@ -367,27 +367,27 @@ impl LeafFormat for Nv {
             s.prefetch_write(layout.elem(n));
         }
         s.prefetch_write(NvLeaf::at(leaf.off).count_word());
-        // The old element's words, for its NEGATIVE twin.
-        let old = match Self::lookup(s, leaf, n, key) {
-            Lookup::Present(i) => Some(layout.words(s, i)),
+        // An update appends only the new element: the newest element of a
+        // key at or below a reader's timestamp decides, so the old one needs
+        // no NEGATIVE twin (NV-Tree §4.3 appends one; with a commit
+        // timestamp on every element it says nothing the new element does
+        // not, and collation dropped it anyway). A leaf fills half as fast
+        // under updates.
+        let present = match Self::lookup(s, leaf, n, key) {
+            Lookup::Present(_) => true,
             Lookup::Absent if existing => return Written::Absent,
-            Lookup::Absent => None,
+            Lookup::Absent => false,
         };
-        let need = if old.is_some() { 2 } else { 1 };
-        if n + need > Self::capacity(leaf.size) {
+        if n + 1 > Self::capacity(leaf.size) {
             return Written::Full;
         }
         let w = clock.begin_write();
-        let new = encode(key, value, blob, w.ts, false);
-        match &old {
-            Some(o) => Self::append(s, leaf, n, &[negate(*o, w.ts, false), new]),
-            None => Self::append(s, leaf, n, &[new]),
-        }
-        leaf.durable.store(n + need, Ordering::Release);
+        Self::append(s, leaf, n, &[encode(key, value, blob, w.ts, false)]);
+        leaf.durable.store(n + 1, Ordering::Release);
         drop(w);
         // An old blob stays referenced by the old element until a rewrite drops it.
         Written::Done {
-            inserted: old.is_none(),
+            inserted: !present,
             freed: None,
         }
     }

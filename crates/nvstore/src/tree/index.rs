@@ -20,6 +20,7 @@ use std::cmp::Ordering;
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
+use smallvec::SmallVec;
 
 use super::LeafRef;
 
@@ -77,12 +78,25 @@ impl<St> Clone for Entry<St> {
     }
 }
 
+/// What routing reads of one PLN entry: its bound's prefix word and its
+/// leaf, side by side, so the binary search's last line also holds the
+/// leaf handle (no second array to miss on).
+pub struct Slot<St> {
+    word: u64,
+    leaf: Arc<LeafRef<St>>,
+}
+
+/// Slots kept inside the PLN's own allocation: a PLN right after a rebuild
+/// holds `PLN_FILL` entries, so most routings read the PLN's header and
+/// slots from adjacent lines.
+const INLINE_SLOTS: usize = 8;
+
 /// A parent of leaves: immutable, replaced whole.
 pub struct Pln<St> {
     pub entries: Vec<Entry<St>>,
-    /// The entries' bounds as prefix words, so routing compares words and
-    /// reads a full key (a pointer away) only on a tie.
-    words: Vec<u64>,
+    /// The entries' bounds as prefix words with their leaves, so routing
+    /// compares words and reads a full key (a pointer away) only on a tie.
+    slots: SmallVec<[Slot<St>; INLINE_SLOTS]>,
     /// Entries it may hold before the index is rebuilt: the index's
     /// `pln_limit`, more for a hot-write PLN (NV-Tree §5.5).
     pub limit: usize,
@@ -90,26 +104,45 @@ pub struct Pln<St> {
 
 impl<St> Pln<St> {
     pub fn new(entries: Vec<Entry<St>>, limit: usize) -> Self {
-        let words = entries.iter().map(|e| bound_word(&e.max)).collect();
-        Pln { entries, words, limit }
+        let slots = entries
+            .iter()
+            .map(|e| Slot {
+                word: bound_word(&e.max),
+                leaf: e.leaf.clone(),
+            })
+            .collect();
+        Pln { entries, slots, limit }
     }
 
     /// The first entry whose bound is >= key (> key when `strict`).
     #[inline]
     fn position(&self, key: &[u8], kw: u64, strict: bool) -> usize {
-        first_covering(&self.words, kw, strict, |i| self.entries[i].max.cmp_key(key))
+        first_covering(
+            self.slots.len(),
+            |i| self.slots[i].word,
+            kw,
+            strict,
+            |i| self.entries[i].max.cmp_key(key),
+        )
     }
 }
 
-/// Binary search over bounds given as prefix `words` (in order) for the
-/// first bound >= the key whose prefix word is `kw` (> with `strict`);
-/// `full(i)` orders bound `i` against the whole key, asked only on a tie.
+/// Binary search over `n` bounds whose prefix words `word(i)` are in order
+/// for the first bound >= the key whose prefix word is `kw` (> with
+/// `strict`); `full(i)` orders bound `i` against the whole key, asked only
+/// on a tie.
 #[inline]
-fn first_covering(words: &[u64], kw: u64, strict: bool, full: impl Fn(usize) -> Ordering) -> usize {
-    let (mut lo, mut hi) = (0usize, words.len());
+fn first_covering(
+    n: usize,
+    word: impl Fn(usize) -> u64,
+    kw: u64,
+    strict: bool,
+    full: impl Fn(usize) -> Ordering,
+) -> usize {
+    let (mut lo, mut hi) = (0usize, n);
     while lo < hi {
         let mid = (lo + hi) / 2;
-        let below = match words[mid].cmp(&kw) {
+        let below = match word(mid).cmp(&kw) {
             Ordering::Less => true,
             Ordering::Greater => false,
             Ordering::Equal => match full(mid) {
@@ -311,7 +344,8 @@ impl<St> Index<St> {
         let mut id = 0usize;
         while id < self.inner_nodes {
             let keys = &self.keys[id * (FANOUT - 1)..];
-            let lo = first_covering(&self.words[id].0, kw, strict, |i| keys[i].cmp_key(key));
+            let words = &self.words[id].0;
+            let lo = first_covering(words.len(), |i| words[i], kw, strict, |i| keys[i].cmp_key(key));
             id = id * FANOUT + 1 + lo;
         }
         id - self.inner_nodes
@@ -339,8 +373,8 @@ impl<St> Index<St> {
         loop {
             let pln = self.plns[p].load();
             let pos = pln.position(key, kw, false);
-            if let Some(e) = pln.entries.get(pos) {
-                return f(&e.leaf);
+            if let Some(s) = pln.slots.get(pos) {
+                return f(&s.leaf);
             }
             if p + 1 >= self.used_plns {
                 return f(&self.find_last().leaf);
@@ -484,7 +518,7 @@ mod tests {
                 for kw in 0..62 {
                     for rest in 0..6 {
                         for strict in [false, true] {
-                            let got = first_covering(&words, kw, strict, |i| b[i].1.cmp(&rest));
+                            let got = first_covering(words.len(), |i| words[i], kw, strict, |i| b[i].1.cmp(&rest));
                             let want = b
                                 .iter()
                                 .position(|&e| if strict { e > (kw, rest) } else { e >= (kw, rest) })

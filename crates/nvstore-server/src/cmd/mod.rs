@@ -9,6 +9,7 @@
 //! only after the commit returned, i.e. after the writes are durable.
 
 mod conn;
+pub mod fast;
 mod hash;
 mod keyspace;
 mod strings;

@@ -184,9 +184,10 @@ pub static COMMANDS: &[Spec] = &[
 ];
 
 /// The table row of command `name` (any case). A hash lookup of the
-/// lowercased name: every request looks its command up a few times.
+/// lowercased name (Fx, not SipHash: the names are ours, not a client's):
+/// every request looks its command up a few times.
 pub fn lookup(name: &[u8]) -> Option<&'static Spec> {
-    static BY_NAME: std::sync::OnceLock<std::collections::HashMap<&'static [u8], &'static Spec>> =
+    static BY_NAME: std::sync::OnceLock<rustc_hash::FxHashMap<&'static [u8], &'static Spec>> =
         std::sync::OnceLock::new();
     let mut buf = [0u8; 32];
     let lower = buf.get_mut(..name.len())?;

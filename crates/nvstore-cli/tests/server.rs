@@ -626,9 +626,20 @@ fn limits_on_bulk_size_and_engine_value_size() {
 /// restart, and every MSET/HSET is all-or-nothing.
 #[test]
 fn kill_under_pipelined_load_keeps_every_acknowledged_write() {
+    kill_under_pipelined_load(&[]);
+}
+
+/// The same on one thread: the current-thread runtime, EXEC on the
+/// blocking pool beside it.
+#[test]
+fn kill_under_pipelined_load_on_one_thread_keeps_every_acknowledged_write() {
+    kill_under_pipelined_load(&["--threads", "1"]);
+}
+
+fn kill_under_pipelined_load(extra: &[&str]) {
     let dir = pool_dir();
     let pool = dir.path().join("p.nvs");
-    let s = Server::start(&pool, &[]);
+    let s = Server::start(&pool, extra);
     let port = s.port;
     let acked: Arc<Mutex<Vec<u64>>> = Arc::default();
     let stop = Arc::new(AtomicBool::new(false));

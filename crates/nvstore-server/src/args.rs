@@ -42,7 +42,8 @@ pub struct ServeArgs {
     /// TCP port (0 picks a free one; the readiness line names it).
     #[arg(long, default_value_t = 6380)]
     pub port: u16,
-    /// Threads that run engine calls, and as many network threads (default: the number of CPUs).
+    /// Network threads, which also run the commands (default: the number of
+    /// CPUs); 1 runs one event loop on a current-thread runtime, as Redis does.
     #[arg(long)]
     pub threads: Option<usize>,
     /// Require AUTH with this password (user `default`).

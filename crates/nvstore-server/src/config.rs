@@ -17,7 +17,7 @@ pub struct Config {
     pub bind: String,
     /// TCP port; 0 picks a free one (the readiness line names it).
     pub port: u16,
-    /// Threads that run engine calls (and as many reactor threads).
+    /// Reactor threads, which also run the commands (1: a current-thread runtime).
     pub threads: usize,
     pub requirepass: Option<String>,
     pub maxclients: usize,

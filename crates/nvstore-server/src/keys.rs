@@ -111,25 +111,75 @@ pub fn small_hash_len(pairs: &[(Vec<u8>, Vec<u8>)]) -> usize {
 }
 
 fn decode_small_hash(v: &[u8]) -> Option<Vec<(Vec<u8>, Vec<u8>)>> {
-    fn take<'a>(v: &mut &'a [u8]) -> Option<&'a [u8]> {
-        let n = u32::from_le_bytes(v.get(..4)?.try_into().ok()?) as usize;
-        let b = v.get(4..4 + n)?;
-        *v = &v[4 + n..];
-        Some(b)
+    check_small_hash(v)?;
+    Some(SmallPairs::new(v).map(|(f, val)| (f.to_vec(), val.to_vec())).collect())
+}
+
+/// The number of pairs of a small hash's metadata value (tag included),
+/// checked as [`Meta::decode`] checks it (lengths in bounds, fields
+/// strictly ascending, nothing left over, at least one pair); `None` for
+/// bytes no server wrote. [`SmallPairs`] reads a checked value in place.
+pub fn check_small_hash(v: &[u8]) -> Option<usize> {
+    if v.first() != Some(&SMALL_HASH_TAG) {
+        return None;
     }
     let n = u32::from_le_bytes(v.get(1..5)?.try_into().ok()?) as usize;
     let mut rest = &v[5..];
-    // Each pair takes at least 8 bytes: a corrupt count cannot allocate much.
-    let mut out: Vec<(Vec<u8>, Vec<u8>)> = Vec::with_capacity(n.min(rest.len() / 8));
+    let mut prev: Option<&[u8]> = None;
     for _ in 0..n {
-        let f = take(&mut rest)?;
-        let val = take(&mut rest)?;
-        if out.last().is_some_and(|(p, _)| p.as_slice() >= f) {
+        let f = take_len_prefixed(&mut rest)?;
+        take_len_prefixed(&mut rest)?;
+        if prev.is_some_and(|p| p >= f) {
             return None;
         }
-        out.push((f.to_vec(), val.to_vec()));
+        prev = Some(f);
     }
-    (rest.is_empty() && !out.is_empty()).then_some(out)
+    (rest.is_empty() && n > 0).then_some(n)
+}
+
+fn take_len_prefixed<'a>(v: &mut &'a [u8]) -> Option<&'a [u8]> {
+    let n = u32::from_le_bytes(v.get(..4)?.try_into().ok()?) as usize;
+    let b = v.get(4..4usize.checked_add(n)?)?;
+    *v = &v[4 + n..];
+    Some(b)
+}
+
+/// The (field, value) pairs of a small hash's metadata value, borrowed, in
+/// field order. The value must have passed [`check_small_hash`]; on other
+/// bytes the iteration stops early.
+pub struct SmallPairs<'a> {
+    rest: &'a [u8],
+}
+
+impl<'a> SmallPairs<'a> {
+    pub fn new(v: &'a [u8]) -> Self {
+        SmallPairs {
+            rest: v.get(5..).unwrap_or_default(),
+        }
+    }
+}
+
+impl<'a> Iterator for SmallPairs<'a> {
+    type Item = (&'a [u8], &'a [u8]);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let f = take_len_prefixed(&mut self.rest)?;
+        let v = take_len_prefixed(&mut self.rest)?;
+        Some((f, v))
+    }
+}
+
+/// Writes `pairs` (sorted by field, no duplicates) as a small hash's
+/// metadata value, the one [`Meta::SmallHash`] encodes to.
+pub fn encode_small_hash<'a>(n: usize, pairs: impl Iterator<Item = (&'a [u8], &'a [u8])>, out: &mut Vec<u8>) {
+    out.push(SMALL_HASH_TAG);
+    out.extend_from_slice(&(n as u32).to_le_bytes());
+    for (f, v) in pairs {
+        out.extend_from_slice(&(f.len() as u32).to_le_bytes());
+        out.extend_from_slice(f);
+        out.extend_from_slice(&(v.len() as u32).to_le_bytes());
+        out.extend_from_slice(v);
+    }
 }
 
 impl Meta {
@@ -156,14 +206,11 @@ impl Meta {
             }
             Meta::SmallHash(pairs) => {
                 let mut out = Vec::with_capacity(small_hash_len(pairs));
-                out.push(SMALL_HASH_TAG);
-                out.extend_from_slice(&(pairs.len() as u32).to_le_bytes());
-                for (f, v) in pairs {
-                    out.extend_from_slice(&(f.len() as u32).to_le_bytes());
-                    out.extend_from_slice(f);
-                    out.extend_from_slice(&(v.len() as u32).to_le_bytes());
-                    out.extend_from_slice(v);
-                }
+                encode_small_hash(
+                    pairs.len(),
+                    pairs.iter().map(|(f, v)| (f.as_slice(), v.as_slice())),
+                    &mut out,
+                );
                 out
             }
         }
@@ -187,7 +234,9 @@ impl Meta {
 }
 
 /// The metadata tag of a small hash.
-const SMALL_HASH_TAG: u8 = b'H';
+pub const SMALL_HASH_TAG: u8 = b'H';
+/// The metadata tag of a string (the value follows it).
+pub const STRING_TAG: u8 = b's';
 
 pub fn meta_key(user: &[u8]) -> Vec<u8> {
     let mut k = Vec::with_capacity(user.len() + 1);
@@ -274,6 +323,33 @@ mod tests {
             assert_eq!(score_from_bytes(&score_bytes(x)), x);
         }
         assert_eq!(score_bytes(-0.0), score_bytes(0.0));
+    }
+
+    #[test]
+    fn small_hash_check_refuses_what_decode_refuses() {
+        let pairs = vec![(b"a".to_vec(), b"1".to_vec()), (b"bc".to_vec(), Vec::new())];
+        let v = Meta::SmallHash(pairs.clone()).encode();
+        assert_eq!(check_small_hash(&v), Some(2));
+        let lent: Vec<(Vec<u8>, Vec<u8>)> = SmallPairs::new(&v).map(|(f, x)| (f.to_vec(), x.to_vec())).collect();
+        assert_eq!(lent, pairs);
+        let unsorted = Meta::SmallHash(vec![pairs[1].clone(), pairs[0].clone()]).encode();
+        let dup = Meta::SmallHash(vec![pairs[0].clone(), pairs[0].clone()]).encode();
+        let mut trailing = v.clone();
+        trailing.push(0);
+        let mut huge = v.clone();
+        huge[5..9].copy_from_slice(&u32::MAX.to_le_bytes());
+        for bad in [
+            unsorted,
+            dup,
+            trailing,
+            huge,
+            v[..v.len() - 1].to_vec(),
+            vec![b'H', 0, 0, 0, 0],
+            vec![b'H'],
+        ] {
+            assert_eq!(check_small_hash(&bad), None, "{bad:?}");
+            assert_eq!(Meta::decode(bad), None);
+        }
     }
 
     #[test]

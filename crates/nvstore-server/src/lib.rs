@@ -78,8 +78,17 @@ pub fn serve(cfg: Config) -> Result<(), String> {
         st.last_recovery.millis,
         t.elapsed().as_secs_f64() * 1e3
     );
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(cfg.threads)
+    // One thread: a current-thread runtime, as Redis runs one event loop
+    // (no work stealing, no wake-ups between workers, no write conflicts
+    // between connections). More: a work-stealing pool of that many.
+    let mut rt = if cfg.threads == 1 {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        let mut b = tokio::runtime::Builder::new_multi_thread();
+        b.worker_threads(cfg.threads);
+        b
+    };
+    let rt = rt
         .max_blocking_threads(cfg.threads)
         .thread_name("nvstore-serve")
         .enable_all()

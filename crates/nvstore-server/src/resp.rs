@@ -321,22 +321,13 @@ impl Reply {
 
     /// Appends the encoding for protocol `proto` (2 or 3) to `out`.
     pub fn encode(&self, proto: u8, out: &mut BytesMut) {
-        fn head(out: &mut BytesMut, c: u8, n: usize) {
-            out.extend_from_slice(&[c]);
-            out.extend_from_slice(n.to_string().as_bytes());
-            out.extend_from_slice(b"\r\n");
-        }
         match self {
             Reply::Status(s) => line(out, b'+', s.as_bytes()),
             Reply::StatusOwned(s) => line(out, b'+', s.as_bytes()),
             Reply::Error(s) => line(out, b'-', s.as_bytes()),
-            Reply::Int(i) => line(out, b':', i.to_string().as_bytes()),
-            Reply::Bulk(b) => {
-                head(out, b'$', b.len());
-                out.extend_from_slice(b);
-                out.extend_from_slice(b"\r\n");
-            }
-            Reply::Nil => out.extend_from_slice(if proto >= 3 { b"_\r\n" } else { b"$-1\r\n" }),
+            Reply::Int(i) => line(out, b':', Decimal::new(*i).as_bytes()),
+            Reply::Bulk(b) => bulk(out, b),
+            Reply::Nil => nil(out, proto),
             Reply::NilArray => out.extend_from_slice(if proto >= 3 { b"_\r\n" } else { b"*-1\r\n" }),
             Reply::Array(v) => {
                 head(out, b'*', v.len());
@@ -347,11 +338,7 @@ impl Reply {
                 v.iter().for_each(|r| r.encode(proto, out));
             }
             Reply::Map(v) => {
-                if proto >= 3 {
-                    head(out, b'%', v.len());
-                } else {
-                    head(out, b'*', v.len() * 2);
-                }
+                map_head(out, proto, v.len());
                 for (k, val) in v {
                     k.encode(proto, out);
                     val.encode(proto, out);
@@ -367,6 +354,65 @@ impl Reply {
             }
             Reply::Raw(b) => out.extend_from_slice(b),
         }
+    }
+}
+
+/// `c n\r\n`: the header of a bulk string or an aggregate of `n`.
+pub fn head(out: &mut BytesMut, c: u8, n: usize) {
+    out.extend_from_slice(&[c]);
+    out.extend_from_slice(Decimal::new(n as i64).as_bytes());
+    out.extend_from_slice(b"\r\n");
+}
+
+/// A bulk string (the same in RESP2 and RESP3).
+pub fn bulk(out: &mut BytesMut, b: &[u8]) {
+    head(out, b'$', b.len());
+    out.extend_from_slice(b);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// A nil bulk string: `$-1` (RESP2) / `_` (RESP3).
+pub fn nil(out: &mut BytesMut, proto: u8) {
+    out.extend_from_slice(if proto >= 3 { b"_\r\n" } else { b"$-1\r\n" });
+}
+
+/// The header of a map of `n` pairs: `%n` (RESP3) / an array of `2n` (RESP2).
+pub fn map_head(out: &mut BytesMut, proto: u8, n: usize) {
+    if proto >= 3 {
+        head(out, b'%', n);
+    } else {
+        head(out, b'*', 2 * n);
+    }
+}
+
+/// An integer in decimal, formatted without allocating.
+struct Decimal {
+    buf: [u8; 20],
+    start: usize,
+}
+
+impl Decimal {
+    fn new(i: i64) -> Decimal {
+        let mut buf = [0u8; 20];
+        let mut pos = buf.len();
+        let mut n = i.unsigned_abs();
+        loop {
+            pos -= 1;
+            buf[pos] = b'0' + (n % 10) as u8;
+            n /= 10;
+            if n == 0 {
+                break;
+            }
+        }
+        if i < 0 {
+            pos -= 1;
+            buf[pos] = b'-';
+        }
+        Decimal { buf, start: pos }
+    }
+
+    fn as_bytes(&self) -> &[u8] {
+        &self.buf[self.start..]
     }
 }
 
@@ -394,6 +440,15 @@ mod tests {
             out.push(a.iter().map(|b| b.to_vec()).collect());
         }
         Ok(out)
+    }
+
+    #[test]
+    fn integers_encode_in_decimal() {
+        for i in [0, 7, -7, 10, 1234567890, i64::MAX, i64::MIN] {
+            let mut out = BytesMut::new();
+            Reply::Int(i).encode(2, &mut out);
+            assert_eq!(&out[..], format!(":{i}\r\n").as_bytes());
+        }
     }
 
     fn v(items: &[&str]) -> Vec<Vec<u8>> {

@@ -104,7 +104,7 @@ fn run_batch(sh: &Arc<Shared>, mut c: Conn, mut todo: VecDeque<Vec<Bytes>>) -> (
             for r in cmd::execute_group(sh, &mut c, &group) {
                 r.encode(c.proto, &mut out);
             }
-        } else {
+        } else if !cmd::fast::read_into(sh, &c, &args, &mut out) {
             let r = cmd::execute(sh, &mut c, args);
             r.encode(c.proto, &mut out);
         }

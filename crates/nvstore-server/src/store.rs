@@ -200,6 +200,14 @@ impl Kv for PointView<'_> {
         }
     }
 
+    fn get_with(&self, k: &[u8], f: &mut dyn FnMut(&[u8])) -> Result<bool> {
+        if self.first_done.replace(true) {
+            Kv::get_with(self.snap(), k, f)
+        } else {
+            Ok(self.store.db.get_with(k, f)?.is_some())
+        }
+    }
+
     fn scan<'s>(
         &'s self,
         lo: Bound<Vec<u8>>,
@@ -214,6 +222,10 @@ impl Kv for PointView<'_> {
 /// What the commands need from a snapshot or a transaction.
 pub trait Kv {
     fn get(&self, k: &[u8]) -> Result<Option<Vec<u8>>>;
+    /// [`Kv::get`] lending the value to `f` in place (no copy); false,
+    /// without calling `f`, when `k` has no value. `f` runs inside the
+    /// engine's read: keep it short.
+    fn get_with(&self, k: &[u8], f: &mut dyn FnMut(&[u8])) -> Result<bool>;
     /// Writes; a read-only view (snapshot, point view) refuses them.
     fn put(&mut self, _k: &[u8], _v: &[u8]) -> Result<()> {
         Err(Error::Engine(nvstore::Error::ReadOnly))
@@ -235,6 +247,10 @@ impl Kv for Snapshot<'_> {
         Ok(Snapshot::get(self, k)?)
     }
 
+    fn get_with(&self, k: &[u8], f: &mut dyn FnMut(&[u8])) -> Result<bool> {
+        Ok(Snapshot::get_with(self, k, f)?.is_some())
+    }
+
     fn scan<'s>(
         &'s self,
         lo: Bound<Vec<u8>>,
@@ -252,6 +268,10 @@ impl Kv for Snapshot<'_> {
 impl Kv for Txn<'_> {
     fn get(&self, k: &[u8]) -> Result<Option<Vec<u8>>> {
         Ok(Txn::get(self, k)?)
+    }
+
+    fn get_with(&self, k: &[u8], f: &mut dyn FnMut(&[u8])) -> Result<bool> {
+        Ok(Txn::get_with(self, k, f)?.is_some())
     }
 
     fn put(&mut self, k: &[u8], v: &[u8]) -> Result<()> {

@@ -31,13 +31,21 @@ pub struct Server {
 }
 
 impl Server {
-    /// Starts `nvstore serve --pool POOL --port 0 EXTRA...` and waits for its readiness line.
+    /// Starts `nvstore serve --pool POOL --port 0 EXTRA...` (with
+    /// `--threads 2` unless EXTRA names a count) and waits for its
+    /// readiness line.
     pub fn start(pool: &Path, extra: &[&str]) -> Server {
+        let threads: &[&str] = if extra.contains(&"--threads") {
+            &[]
+        } else {
+            &["--threads", "2"]
+        };
         let mut child = Command::new(env!("CARGO_BIN_EXE_nvstore"))
             .arg("serve")
             .arg("--pool")
             .arg(pool)
-            .args(["--port", "0", "--threads", "2"])
+            .args(["--port", "0"])
+            .args(threads)
             .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null())

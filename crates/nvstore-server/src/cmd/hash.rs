@@ -18,7 +18,9 @@
 use bytes::Bytes;
 
 use super::{fail, int_arg, meta, prefix_scan, CmdError, CmdResult, Cx, OVERFLOW, WRONGTYPE};
-use crate::keys::{meta_key, sub_key, sub_prefix, CompactLimits, Meta, HASH};
+use crate::keys::{
+    check_small_hash, encode_small_hash, meta_key, sub_key, sub_prefix, CompactLimits, Meta, SmallPairs, HASH,
+};
 use crate::resp::Reply;
 use crate::store::Kv;
 
@@ -96,6 +98,9 @@ fn hset_pairs(kv: &mut dyn Kv, cx: &Cx, a: &[Bytes]) -> Result<i64, CmdError> {
         )));
     }
     let key = &a[1];
+    if let Some(added) = hset_small_in_place(kv, key, &a[2..], &cx.sh.cfg.compact)? {
+        return Ok(added);
+    }
     let mut added = 0;
     match load(kv, key)? {
         Repr::Absent => {
@@ -124,6 +129,93 @@ fn hset_pairs(kv: &mut dyn Kv, cx: &Cx, a: &[Bytes]) -> Result<i64, CmdError> {
         }
     }
     Ok(added)
+}
+
+/// HSET on a hash that is absent or small and stays small: the new
+/// metadata value is merged from the stored one, read in place, and the
+/// arguments, without decoding either into owned pairs. `None` when the
+/// general path must decide: a large hash, another type, damaged
+/// metadata, or a result over the limits (which moves the hash to one key
+/// per field).
+fn hset_small_in_place(
+    kv: &mut dyn Kv,
+    key: &[u8],
+    args: &[Bytes],
+    lim: &CompactLimits,
+) -> Result<Option<i64>, CmdError> {
+    let mut new: Vec<(&[u8], &[u8])> = args.chunks(2).map(|p| (&p[0][..], &p[1][..])).collect();
+    // The sort is stable: of repeated fields, the last argument wins.
+    new.sort_by(|x, y| x.0.cmp(y.0));
+    let mut uniq: Vec<(&[u8], &[u8])> = Vec::with_capacity(new.len());
+    for p in new {
+        match uniq.last_mut() {
+            Some(l) if l.0 == p.0 => *l = p,
+            _ => uniq.push(p),
+        }
+    }
+    let mk = meta_key(key);
+    let mut merged = None;
+    let found = kv.get_with(&mk, &mut |v| {
+        if check_small_hash(v).is_some() {
+            merged = merge_small(SmallPairs::new(v), &uniq, lim);
+        }
+    })?;
+    if !found {
+        merged = merge_small(std::iter::empty(), &uniq, lim);
+    }
+    match merged {
+        Some((enc, added)) => {
+            kv.put(&mk, &enc)?;
+            Ok(Some(added))
+        }
+        None => Ok(None),
+    }
+}
+
+/// The small-hash encoding of `old` (sorted) with `new` (sorted, unique)
+/// set over it, and how many of `new` were not in `old`; `None` if the
+/// result is over the limits.
+fn merge_small<'a>(
+    old: impl Iterator<Item = (&'a [u8], &'a [u8])>,
+    new: &[(&'a [u8], &'a [u8])],
+    lim: &CompactLimits,
+) -> Option<(Vec<u8>, i64)> {
+    let mut old = old.peekable();
+    let mut new = new.iter().copied().peekable();
+    let mut all: Vec<(&[u8], &[u8])> = Vec::new();
+    let mut added = 0;
+    loop {
+        let next = match (old.peek(), new.peek()) {
+            (Some(o), Some(n)) => match o.0.cmp(n.0) {
+                std::cmp::Ordering::Less => old.next(),
+                std::cmp::Ordering::Equal => {
+                    old.next();
+                    new.next()
+                }
+                std::cmp::Ordering::Greater => {
+                    added += 1;
+                    new.next()
+                }
+            },
+            (Some(_), None) => old.next(),
+            (None, Some(_)) => {
+                added += 1;
+                new.next()
+            }
+            (None, None) => break,
+        };
+        all.extend(next);
+    }
+    let bytes = 5 + all.iter().map(|(f, v)| 8 + f.len() + v.len()).sum::<usize>();
+    let fits = all.len() <= lim.entries
+        && all.iter().all(|(f, v)| f.len() <= lim.value && v.len() <= lim.value)
+        && bytes <= lim.bytes;
+    if !fits {
+        return None;
+    }
+    let mut enc = Vec::with_capacity(bytes);
+    encode_small_hash(all.len(), all.into_iter(), &mut enc);
+    Some((enc, added))
 }
 
 pub fn hset(kv: &mut dyn Kv, cx: &Cx, a: &[Bytes]) -> CmdResult {
@@ -285,4 +377,87 @@ pub fn hincrby(kv: &mut dyn Kv, cx: &Cx, a: &[Bytes]) -> CmdResult {
         }
     }
     Ok(Reply::Int(n))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use crate::cmd::fast::tests::{args, shared};
+    use crate::cmd::{execute, Conn};
+    use crate::keys::{CompactLimits, Meta};
+    use crate::resp::Reply;
+    use crate::Config;
+
+    /// HSET merged in place (fields repeated within one command, new and
+    /// old fields, a hash growing past the limits) answers and stores what
+    /// a map does.
+    #[test]
+    fn hset_matches_a_map_across_layouts() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = Config {
+            compact: CompactLimits {
+                entries: 6,
+                value: 8,
+                bytes: 120,
+            },
+            ..Config::default()
+        };
+        let sh = shared(&dir, cfg);
+        let mut c = Conn::new(1, true);
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move |n: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % n
+        };
+        for key in ["k0", "k1", "k2", "k3"] {
+            let mut model = BTreeMap::new();
+            for _ in 0..12 {
+                let mut cmd = vec!["hset".to_string(), key.to_string()];
+                let mut added = 0;
+                let mut seen = std::collections::BTreeSet::new();
+                for _ in 0..1 + next(3) {
+                    let f = format!("f{}", next(9));
+                    let v = "v".repeat(next(10) as usize);
+                    if !model.contains_key(&f) && seen.insert(f.clone()) {
+                        added += 1;
+                    }
+                    cmd.push(f);
+                    cmd.push(v);
+                }
+                for p in cmd[2..].chunks(2) {
+                    model.insert(p[0].clone(), p[1].clone());
+                }
+                let words: Vec<&str> = cmd.iter().map(String::as_str).collect();
+                assert_eq!(execute(&sh, &mut c, args(&words)), Reply::Int(added), "{cmd:?}");
+                let got = execute(&sh, &mut c, args(&["hgetall", key]));
+                let want = Reply::Map(
+                    model
+                        .iter()
+                        .map(|(f, v)| (Reply::bulk(f.as_bytes()), Reply::bulk(v.as_bytes())))
+                        .collect(),
+                );
+                assert_eq!(got, want, "{cmd:?}");
+                // Small while within the limits; once large, large for good.
+                let small = matches!(
+                    Meta::decode(
+                        sh.store
+                            .db()
+                            .get(&crate::keys::meta_key(key.as_bytes()))
+                            .unwrap()
+                            .unwrap()
+                    ),
+                    Some(Meta::SmallHash(_))
+                );
+                let fits = model.len() <= 6
+                    && model.values().all(|v| v.len() <= 8)
+                    && 5 + model.iter().map(|(f, v)| 8 + f.len() + v.len()).sum::<usize>() <= 120;
+                if small {
+                    assert!(fits, "{cmd:?}");
+                }
+            }
+        }
+    }
 }

@@ -9,6 +9,7 @@
 //! only after the commit returned, i.e. after the writes are durable.
 
 mod conn;
+pub mod fast;
 mod hash;
 mod keyspace;
 mod strings;
@@ -182,8 +183,20 @@ pub static COMMANDS: &[Spec] = &[
     spec("zrevrangebylex", -4, R, K1, Some(zset::zrevrangebylex)),
 ];
 
+/// The table row of command `name` (any case). A hash lookup of the
+/// lowercased name (Fx, not SipHash: the names are ours, not a client's):
+/// every request looks its command up a few times.
 pub fn lookup(name: &[u8]) -> Option<&'static Spec> {
-    COMMANDS.iter().find(|s| s.name.as_bytes().eq_ignore_ascii_case(name))
+    static BY_NAME: std::sync::OnceLock<rustc_hash::FxHashMap<&'static [u8], &'static Spec>> =
+        std::sync::OnceLock::new();
+    let mut buf = [0u8; 32];
+    let lower = buf.get_mut(..name.len())?;
+    lower.copy_from_slice(name);
+    lower.make_ascii_lowercase();
+    BY_NAME
+        .get_or_init(|| COMMANDS.iter().map(|s| (s.name.as_bytes(), s)).collect())
+        .get(&*lower)
+        .copied()
 }
 
 /// What data commands may read about their caller.
@@ -524,6 +537,18 @@ mod tests {
             unknown_command(&a),
             Reply::err("ERR unknown command 'FOO', with args beginning with: ")
         );
+    }
+
+    #[test]
+    fn lookup_ignores_case_and_knows_every_command() {
+        for s in COMMANDS {
+            assert!(std::ptr::eq(lookup(s.name.as_bytes()).unwrap(), s));
+            assert!(std::ptr::eq(lookup(s.name.to_uppercase().as_bytes()).unwrap(), s));
+        }
+        assert!(lookup(b"HgetAll").is_some());
+        assert!(lookup(b"nosuch").is_none());
+        assert!(lookup(b"").is_none());
+        assert!(lookup(&[b'x'; 100]).is_none());
     }
 
     #[test]

@@ -4,7 +4,7 @@
 use bytes::Bytes;
 
 use super::{delete_key, eq, fail, int_arg, meta, CmdError, CmdResult, Cx, NOT_INT, OVERFLOW, SYNTAX, WRONGTYPE};
-use crate::keys::{meta_key, Meta};
+use crate::keys::{meta_key, Meta, STRING_TAG};
 use crate::resp::Reply;
 use crate::store::Kv;
 
@@ -19,12 +19,19 @@ fn get_str(kv: &dyn Kv, key: &[u8]) -> Result<Option<Vec<u8>>, CmdError> {
 
 /// Stores a string at `key`, replacing whatever type was there.
 fn put_str(kv: &mut dyn Kv, key: &[u8], v: &[u8]) -> Result<(), CmdError> {
-    if let Some(m) = meta(kv, key)? {
-        if !matches!(m, Meta::String(_)) {
+    let mk = meta_key(key);
+    // Only the type tag matters here: it is read in place, not copied out.
+    let mut string = true;
+    let found = kv.get_with(&mk, &mut |old| string = old.first() == Some(&STRING_TAG))?;
+    if found && !string {
+        if let Some(m) = meta(kv, key)? {
             delete_key(kv, key, &m)?;
         }
     }
-    kv.put(&meta_key(key), &Meta::String(v.to_vec()).encode())?;
+    let mut enc = Vec::with_capacity(v.len() + 1);
+    enc.push(STRING_TAG);
+    enc.extend_from_slice(v);
+    kv.put(&mk, &enc)?;
     Ok(())
 }
 
@@ -56,6 +63,10 @@ pub fn set(kv: &mut dyn Kv, _: &Cx, a: &[Bytes]) -> CmdResult {
         }
     }
     let key = &a[1];
+    if !(nx || xx || get) {
+        put_str(kv, key, &a[2])?;
+        return Ok(Reply::ok());
+    }
     let old = match meta(kv, key)? {
         None => None,
         Some(Meta::String(v)) => Some(Some(v)),

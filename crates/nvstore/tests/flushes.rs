@@ -18,7 +18,7 @@ fn common_insert_update_and_delete_fence_once() {
         let d = ThreadCounters::get().since(before);
         assert_eq!((d.flushes, d.fences), (1, 1), "insert {i}");
     }
-    // Update: NEGATIVE + new element (64 bytes: one line, or two when they straddle a line).
+    // Update of a key held full: the new element is appended (one line).
     let before = ThreadCounters::get();
     db.put(&0u64.to_be_bytes(), b"new").unwrap();
     let d = ThreadCounters::get().since(before);

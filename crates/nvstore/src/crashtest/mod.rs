@@ -313,6 +313,7 @@ pub fn points_for(leaf: LeafKind) -> Vec<&'static str> {
             LeafKind::Nv => !p.starts_with("isle."),
             LeafKind::Isle => {
                 !(p.starts_with("nv.element.")
+                    || p.starts_with("nv.compact.")
                     || p.starts_with("shutdown.counts.")
                     || p.starts_with("txn.")
                     || *p == "blob.fence")

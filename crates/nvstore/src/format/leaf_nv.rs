@@ -63,7 +63,12 @@
 //!   the first larger key. A settled element may also be stored full (a
 //!   rewrite does so for one or two, so its elements end on a line
 //!   boundary and the next update's pair flushes one line). `compact` and `compact_version` are written with the
-//!   leaf, before it is linked, and never change; 0 in leaves written before
+//!   leaf, before it is linked, and never change; nor does an entry's key
+//!   word. Its value word may be replaced in place: an update of the key
+//!   to another 8-byte value while no snapshot is live stores it, flushes
+//!   and fences it (one failure-atomic word: after a crash the entry holds
+//!   the old value or the new one), and the entry keeps `compact_version`,
+//!   which is still no newer than any reader's timestamp; 0 in leaves written before
 //!   the prefix existed (which open unchanged). A split halves the bytes it
 //!   copies: 16 instead of 32 per kept element.
 //! - Full elements start at the first 32-byte boundary after the prefix, so
@@ -269,6 +274,12 @@ impl Layout {
 
     /// The key word of element `i`.
     #[inline]
+    /// Offset of compact entry `i`'s value word (`i < compact`).
+    pub fn compact_value_word(&self, i: u64) -> u64 {
+        debug_assert!(i < self.compact);
+        self.leaf + ELEMS_OFF + i * COMPACT_SIZE + C_VALUE_WORD
+    }
+
     pub fn key_word<S: Space>(&self, s: &S, i: u64) -> u64 {
         if i < self.compact {
             s.read_u64(self.leaf + ELEMS_OFF + i * COMPACT_SIZE + C_KEY_WORD)

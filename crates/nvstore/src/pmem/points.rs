@@ -43,6 +43,10 @@ points! {
     /// flushed and fenced: an append's one barrier (format/leaf_nv.rs).
     NV_ELEMENT_FLUSH = "nv.element.flush";
     NV_ELEMENT_FENCE = "nv.element.fence";
+    /// NV leaf: a compact entry's value word replaced in place (an update
+    /// of an 8-byte value while no snapshot is live).
+    NV_COMPACT_FLUSH = "nv.compact.flush";
+    NV_COMPACT_FENCE = "nv.compact.fence";
     /// Isle leaf: a pair written into a free slot, before its line's code names it.
     ISLE_SLOT_FLUSH = "isle.slot.flush";
     ISLE_SLOT_FENCE = "isle.slot.fence";

@@ -35,6 +35,19 @@ pub struct Hints {
 /// on first use.
 pub type HintsCell = std::sync::OnceLock<Hints>;
 
+/// What an nv leaf keeps in DRAM: its lookup hints, and a sequence word
+/// that is odd while a compact entry's value is replaced in place (a
+/// reader that saw it change reads again: it never returns a value that is
+/// not yet durable).
+#[derive(Default)]
+pub struct NvState {
+    pub(super) hints: HintsCell,
+    pub(super) seq: std::sync::atomic::AtomicU64,
+    /// The newest timestamp of a value replaced in place in this leaf
+    /// (reported as the version of its compact entries, see `Nv::newest`).
+    pub(super) in_place: std::sync::atomic::AtomicU64,
+}
+
 /// The fingerprint words of a leaf: inside the hints (so inside the leaf's
 /// DRAM handle, no pointer to follow and miss on) for leaves of up to
 /// `8 * INLINE_WORDS` elements, the common node sizes; on the heap beyond.
@@ -306,8 +319,8 @@ pub(super) fn fingerprint(kw: u64) -> u8 {
 }
 
 /// The leaf's hints, built on first use.
-pub(super) fn hints<'a, S: Space>(s: &S, leaf: &'a LeafRef<HintsCell>) -> &'a Hints {
-    leaf.state.get_or_init(|| {
+pub(super) fn hints<'a, S: Space>(s: &S, leaf: &'a LeafRef<NvState>) -> &'a Hints {
+    leaf.state.hints.get_or_init(|| {
         let layout = Layout::read(s, leaf.off);
         // Sized by the handle's size, which recovery or the leaf's
         // validation checked (a read-only view of a pool without leaves
@@ -344,7 +357,7 @@ pub(super) fn hints<'a, S: Space>(s: &S, leaf: &'a LeafRef<HintsCell>) -> &'a Hi
 
 /// The leaf's layout from its hints: reading elements through it reads no
 /// header line (which the last append flushed out of the cache).
-pub(super) fn cached_layout<S: Space>(s: &S, leaf: &LeafRef<HintsCell>) -> Layout {
+pub(super) fn cached_layout<S: Space>(s: &S, leaf: &LeafRef<NvState>) -> Layout {
     hints(s, leaf).layout(leaf.off)
 }
 
@@ -478,11 +491,11 @@ mod tests {
         // A damaged size word in the leaf: the handle's checked size decides.
         let off = 4096;
         s.store(nv::NvLeaf::at(off).size_word(), 1 << 60);
-        let leaf = LeafRef::<HintsCell>::with(off, 1024, 3);
+        let leaf = LeafRef::<NvState>::with(off, 1024, 3);
         assert_eq!(hints(&s, &leaf).fp.len() as u64, nv::capacity(1024).div_ceil(8));
         // The read-only view of a pool without leaves: size 0, no hints.
         s.store(nv::NvLeaf::at(0).size_word(), u64::MAX);
-        let empty = LeafRef::<HintsCell>::with(0, 0, 0);
+        let empty = LeafRef::<NvState>::with(0, 0, 0);
         let fp = &hints(&s, &empty).fp;
         assert!(matches!(fp, FpWords::Inline(_)) && fp.iter().all(|w| w.load(Ordering::Relaxed) == 0));
     }

@@ -35,6 +35,9 @@ pub struct Clock {
     last: AtomicU64,
     slots: Box<[Padded]>,
     snapshots: Mutex<BTreeMap<u64, usize>>,
+    /// Snapshots live or being taken: raised before a snapshot reads its
+    /// timestamp, lowered after it is released (see [`Clock::quiet`]).
+    live: Padded,
 }
 
 /// A writer's hold on its timestamp; the slot is released on drop (after
@@ -62,6 +65,7 @@ impl Clock {
             last: AtomicU64::new(last),
             slots: (0..SLOTS).map(|_| Padded::default()).collect(),
             snapshots: Mutex::new(BTreeMap::new()),
+            live: Padded::default(),
         }
     }
 
@@ -125,8 +129,20 @@ impl Clock {
         s
     }
 
+    /// Whether no snapshot is live or being taken, asked by a writer that
+    /// holds its timestamp: then no reader can need the version that writer
+    /// replaces, and it may overwrite it in place. A snapshot taken
+    /// concurrently raises `live` before it reads the clock, so (both
+    /// sequentially consistent) either this sees it, or it reads a clock at
+    /// or above the writer's timestamp and [`Clock::visible`] waits for the
+    /// writer's slot: the snapshot then reads the value written in place.
+    pub fn quiet(&self, _w: &Writing<'_>) -> bool {
+        self.live.0.load(Ordering::SeqCst) == 0
+    }
+
     /// Registers a snapshot and returns its timestamp.
     pub fn pin(&self) -> u64 {
+        self.live.0.fetch_add(1, Ordering::SeqCst);
         let mut reg = self.snapshots.lock();
         let ts = self.visible();
         *reg.entry(ts).or_insert(0) += 1;
@@ -141,6 +157,7 @@ impl Clock {
             if *n == 0 {
                 reg.remove(&ts);
             }
+            self.live.0.fetch_sub(1, Ordering::SeqCst);
         }
     }
 

@@ -3,15 +3,17 @@
 
 use std::collections::HashMap;
 use std::ops::Bound as RB;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{fence, Ordering};
 
 use super::collate::{collate, collate_in, Collated, Keep, Slot};
-use super::hints::{cached_layout, element_lookup_word, fingerprint, hints, lookup_word, HintsCell, KeyTable};
+use super::hints::{cached_layout, element_lookup_word, fingerprint, hints, lookup_word, KeyTable, NvState};
 use super::leaf::{show, Audit, AuditCtx, Elem, LeafFormat, Lookup, Newest, Removed, Scan, ValueRef, Written};
 use super::mvcc::Clock;
 use super::Leaf;
 use crate::format::blob;
-use crate::format::element::{element_key, element_value, encode, leaf_blob_ok, negate, validate_blob};
+use crate::format::element::{
+    element_key, element_value, encode, inline_value_word, leaf_blob_ok, negate, validate_blob,
+};
 use crate::format::leaf_nv::{self as nv, Layout, Meta, NvLeaf, SealAt};
 use crate::pmem::{points, Space, LINE};
 
@@ -100,6 +102,35 @@ fn newest_by_table<S: Space>(
     full_match(s, layout, i, key, kw, at).map(Some)
 }
 
+/// Runs `f` as a reader: again until no compact value was replaced in
+/// place meanwhile (the writer's sequence word is odd while it stores,
+/// flushes and fences, so a reader never returns a value a crash could
+/// still lose).
+#[inline]
+fn read_stable<T>(leaf: &Leaf<Nv>, mut f: impl FnMut() -> T) -> T {
+    loop {
+        let s1 = leaf.state.seq.load(Ordering::Acquire);
+        if s1 & 1 == 1 {
+            std::hint::spin_loop();
+            continue;
+        }
+        let r = f();
+        fence(Ordering::Acquire);
+        if leaf.state.seq.load(Ordering::Relaxed) == s1 {
+            return r;
+        }
+    }
+}
+
+/// Writer side of [`read_stable`]: the sequence word is odd while `f` runs.
+#[inline]
+fn write_visible<T>(leaf: &Leaf<Nv>, f: impl FnOnce() -> T) -> T {
+    leaf.state.seq.fetch_add(1, Ordering::AcqRel);
+    let r = f();
+    leaf.state.seq.fetch_add(1, Ordering::Release);
+    r
+}
+
 /// Compact entry `i` as the newest for `key` (key word `kw`) at `at`: the
 /// prefix holds only 8-byte keys, one entry per key, all at one version.
 #[inline]
@@ -112,8 +143,41 @@ fn compact_match<S: Space>(s: &S, layout: &Layout, i: u64, key: &[u8], kw: u64, 
     })
 }
 
+/// [`LeafFormat::newest`] as the leaf's words say.
+#[inline]
+fn newest_in<S: Space>(s: &S, leaf: &Leaf<Nv>, n: u64, key: &[u8], at: u64) -> Option<Newest> {
+    let h = hints(s, leaf);
+    let kw = nv::key_word(key);
+    let lw = lookup_word(key);
+    let fk = fingerprint(lw);
+    let layout = h.layout(leaf.off);
+    // Newest first: the newest element for a key decides (a NEGATIVE one
+    // cancels the positive it follows, NV-Tree §4.3). Full elements
+    // are newer than the compact prefix. Only elements whose
+    // fingerprint matches (or is unknown) are read from the leaf.
+    if let Some(t) = &h.table {
+        if let Some(found) = newest_by_table(s, t, &layout, n, key, kw, lw, at) {
+            return found;
+        }
+    }
+    let mut found = None;
+    h.candidates(layout.compact, n, fk, |i| {
+        found = full_match(s, &layout, i, key, kw, at);
+        found.is_some()
+    });
+    // The prefix holds only 8-byte keys, one entry per key.
+    if found.is_some() || key.len() != 8 || layout.compact_version > at {
+        return found;
+    }
+    h.candidates(0, layout.compact.min(n), fk, |i| {
+        found = compact_match(s, &layout, i, key, kw, at);
+        found.is_some()
+    });
+    found
+}
+
 impl LeafFormat for Nv {
-    type State = HintsCell;
+    type State = NvState;
 
     const NAME: &'static str = "nv";
 
@@ -143,34 +207,15 @@ impl LeafFormat for Nv {
     }
 
     fn newest<S: Space>(s: &S, leaf: &Leaf<Nv>, n: u64, key: &[u8], at: u64) -> Option<Newest> {
-        let h = hints(s, leaf);
-        let kw = nv::key_word(key);
-        let lw = lookup_word(key);
-        let fk = fingerprint(lw);
-        let layout = h.layout(leaf.off);
-        // Newest first: the newest element for a key decides (a NEGATIVE one
-        // cancels the positive it follows, NV-Tree §4.3). Full elements
-        // are newer than the compact prefix. Only elements whose
-        // fingerprint matches (or is unknown) are read from the leaf.
-        if let Some(t) = &h.table {
-            if let Some(found) = newest_by_table(s, t, &layout, n, key, kw, lw, at) {
-                return found;
-            }
+        let mut found = newest_in(s, leaf, n, key, at)?;
+        if found.index < hints(s, leaf).compact {
+            // A compact entry keeps the prefix's version when its value is
+            // replaced in place; the write's timestamp is remembered for the
+            // leaf in DRAM, so a watch or a conflict check still sees a
+            // write made after it (spuriously, for another key of the leaf).
+            found.version = found.version.max(leaf.state.in_place.load(Ordering::Acquire));
         }
-        let mut found = None;
-        h.candidates(layout.compact, n, fk, |i| {
-            found = full_match(s, &layout, i, key, kw, at);
-            found.is_some()
-        });
-        // The prefix holds only 8-byte keys, one entry per key.
-        if found.is_some() || key.len() != 8 || layout.compact_version > at {
-            return found;
-        }
-        h.candidates(0, layout.compact.min(n), fk, |i| {
-            found = compact_match(s, &layout, i, key, kw, at);
-            found.is_some()
-        });
-        found
+        Some(found)
     }
 
     fn element<S: Space>(s: &S, leaf: u64, i: u64) -> Elem {
@@ -344,10 +389,10 @@ impl LeafFormat for Nv {
 
     fn read_ref<S: Space>(s: &S, leaf: &Leaf<Nv>, key: &[u8], at: u64) -> Option<Option<ValueRef>> {
         let n = leaf.durable.load(Ordering::Acquire);
-        Some(match Self::lookup_at(s, leaf, n, key, at) {
+        Some(read_stable(leaf, || match Self::lookup_at(s, leaf, n, key, at) {
             Lookup::Present(i) => Some(ValueRef::of(s, &cached_layout(s, leaf).words(s, i))),
             Lookup::Absent => None,
-        })
+        }))
     }
 
     fn upsert<S: Space>(
@@ -374,10 +419,34 @@ impl LeafFormat for Nv {
         // not, and collation dropped it anyway). A leaf fills half as fast
         // under updates.
         let present = match Self::lookup(s, leaf, n, key) {
-            Lookup::Present(_) => true,
+            Lookup::Present(i) => Some(i),
             Lookup::Absent if existing => return Written::Absent,
-            Lookup::Absent => false,
+            Lookup::Absent => None,
         };
+        // An update of a key whose newest element is a compact entry, to an
+        // 8-byte value, while no snapshot can need the old value: the value
+        // word is replaced in place, one failure-atomic store, one flush and
+        // one fence, and the leaf does not grow (FAST-FAIR's update). The
+        // entry keeps the prefix's version, which is no newer than any
+        // reader's timestamp; after a crash it holds either value.
+        if let Some(i) = present.filter(|&i| i < layout.compact && value.len() == 8) {
+            let w = clock.begin_write();
+            if clock.quiet(&w) {
+                let at = layout.compact_value_word(i);
+                leaf.state.in_place.fetch_max(w.ts, Ordering::AcqRel);
+                write_visible(leaf, || {
+                    s.store(at, inline_value_word(value));
+                    s.flush(at, 8, points::NV_COMPACT_FLUSH);
+                    s.fence(points::NV_COMPACT_FENCE);
+                });
+                drop(w);
+                return Written::Done {
+                    inserted: false,
+                    freed: None,
+                };
+            }
+        }
+        let present = present.is_some();
         if n + 1 > Self::capacity(leaf.size) {
             return Written::Full;
         }
@@ -416,7 +485,12 @@ impl LeafFormat for Nv {
     }
 
     fn collate_leaf<S: Space>(s: &S, leaf: &Leaf<Nv>, keep: Keep, lo: &RB<Vec<u8>>, hi: &RB<Vec<u8>>) -> Collated {
-        collate_in(s, leaf.off, leaf.durable.load(Ordering::Acquire), keep, lo, hi)
+        let n = leaf.durable.load(Ordering::Acquire);
+        read_stable(leaf, || collate_in(s, leaf.off, n, keep, lo, hi))
+    }
+
+    fn read_settled<T>(leaf: &Leaf<Self>, f: impl FnMut() -> T) -> T {
+        read_stable(leaf, f)
     }
 
     fn has_room<S: Space>(_s: &S, leaf: &Leaf<Nv>, need: u64) -> bool {

@@ -37,7 +37,8 @@
 //!
 //! The front-end half of the two-tier allocator (AsymNVM §5.2) carves
 //! back-end slabs into blocks of one size class each, with free lists in
-//! DRAM; blocks of a slab or more come from the back-end directly and are
+//! DRAM (blocks up to half a slab from one slab, blocks up to four slabs
+//! from a run of sixteen); larger blocks come from the back-end directly and are
 //! freed by a memory log, atomically with the operation that frees them.
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
@@ -190,6 +191,11 @@ enum Section {
 
 /// Size classes are multiples of this.
 const GRAIN: u64 = 16;
+/// Blocks of up to this many slabs are carved by the front-end (and freed
+/// into its free lists); larger ones are the back-end's, one malloc each.
+const CARVED_SLABS: u64 = 4;
+/// Slabs a front-end takes at once to carve blocks larger than half a slab.
+const CHUNK_SLABS: u64 = 16;
 
 impl Remote {
     /// Connects over `t`, takes the writer lock (one round trip each).
@@ -923,7 +929,7 @@ impl Remote {
 
     fn alloc_block(&mut self, len: u64) -> Result<u64> {
         let slab = self.hello.slab;
-        if len > slab / 2 {
+        if len > CARVED_SLABS * slab {
             let n = len.div_ceil(slab) as u32;
             return self.malloc(n);
         }
@@ -936,8 +942,11 @@ impl Remote {
             self.carving.insert(class, (cur + class, end));
             return Ok(cur);
         }
-        let s = self.malloc(1)?;
-        self.carving.insert(class, (s + class, s + slab));
+        // Blocks up to half a slab are carved from one slab; larger ones
+        // (a B+-tree leaf) from a run of slabs, so a malloc serves many.
+        let n = if class <= slab / 2 { 1 } else { CHUNK_SLABS };
+        let s = self.malloc(n as u32)?;
+        self.carving.insert(class, (s + class, s + n * slab));
         Ok(s)
     }
 
@@ -958,7 +967,7 @@ impl Remote {
         self.cache.remove(addr);
         self.fresh.remove(&addr);
         let slab = self.hello.slab;
-        if len > slab / 2 {
+        if len > CARVED_SLABS * slab {
             let n = len.div_ceil(slab) as u32;
             if self.opts.mode == Mode::Naive {
                 return self.one(Verb::Free { addr, slabs: n }, "free").map(|_| ());

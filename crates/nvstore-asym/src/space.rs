@@ -239,6 +239,8 @@ pub struct SpaceStats {
     pub cached_pages: usize,
     /// Round trips spent reading (the rest carry writes and operation logs).
     pub read_trips: u64,
+    /// Operation logs that rode on a read's round trip instead of their own.
+    pub logs_ahead: u64,
 }
 
 impl State {
@@ -504,12 +506,14 @@ impl RemoteSpace {
     pub fn stats(&self) -> SpaceStats {
         let s = self.inner.state.lock();
         let counters = s.remote.as_ref().map(|r| r.counters().clone()).unwrap_or_default();
+        let logs_ahead = s.remote.as_ref().map_or(0, |r| r.logs_ahead());
         SpaceStats {
             counters,
             page_hits: s.pages.hits,
             page_misses: s.pages.misses,
             cached_pages: s.pages.map.len(),
             read_trips: s.read_trips,
+            logs_ahead,
         }
     }
 

@@ -9,7 +9,7 @@ use rand::{Rng, SeedableRng};
 use nvstore_asym::structures::hash::bucket_of;
 use nvstore_asym::structures::skiplist::height_of;
 use nvstore_asym::structures::{recover, BpTree, Bst, HashTable, SkipList};
-use nvstore_asym::{LocalTransport, Mode, Remote};
+use nvstore_asym::{LocalTransport, Mode, Remote, RemoteOptions};
 
 mod common;
 use common::{backend, doomed_writer, opts, val, MODES};
@@ -354,4 +354,37 @@ fn bst_round_trips_per_insert_are_exact_in_each_mode() {
     assert_eq!(insert_round_trips(Mode::Rc, 1, open_bst, &keys), (n, n));
     // rcb: one operation log each; a tx_write every 10.
     assert_eq!(insert_round_trips(Mode::Rcb, 10, open_bst, &keys), (n, n / 10));
+}
+
+#[test]
+fn bptree_writes_cost_one_round_trip_with_a_cache_of_a_tenth() {
+    // `bench asym`'s default in small: random keys, a cache of a tenth of
+    // the tree (100 bytes a key). The inner levels stay cached (leaves are
+    // evicted first), so a put misses at most its leaf, and its log rides
+    // on that read.
+    let n = 3000u64;
+    let o = RemoteOptions {
+        cache_bytes: (n * 100 / 10) as usize,
+        ..opts(Mode::Rcb, 64)
+    };
+    let mut r = Remote::open(LocalTransport::new(backend()), o).unwrap();
+    let mut t = BpTree::open(&mut r, "t").unwrap();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+    for _ in 0..n {
+        let k = rng.gen_range(0..4 * n);
+        t.put(&mut r, k, &val(k)).unwrap();
+    }
+    let start = r.counters().clone();
+    let (ahead0, allocs0) = (r.logs_ahead(), r.alloc_trips());
+    for _ in 0..n {
+        let k = rng.gen_range(0..4 * n);
+        t.put(&mut r, k, &val(k)).unwrap();
+    }
+    let d = r.counters().since(&start);
+    let (ahead, allocs) = (r.logs_ahead() - ahead0, r.alloc_trips() - allocs0);
+    assert!(ahead > n / 2, "only {ahead} of {n} puts missed their leaf");
+    // One round trip per put, besides mallocs of new slabs for splits.
+    assert_eq!(d.round_trips - allocs, n);
+    assert_eq!(d.verbs_of("op_log"), n);
+    assert!(d.round_trips * 10 <= n * 11, "{d:?}");
 }

@@ -2,9 +2,11 @@
 //!
 //! Objects (nodes) are cached whole, keyed by their remote address, and
 //! always hold the front-end's latest view (writes update them in place).
-//! Replacement is the paper's hybrid of LRU and random replacement: a random
-//! sample of [`SAMPLE`] entries is drawn and the least recently used of them
-//! is evicted. Admission is level-aware: an object of depth `d` (0 = root)
+//! Replacement is the paper's hybrid of LRU and random replacement, made
+//! level-aware (AsymNVM §5: the upper levels of a tree stay cached): a
+//! random sample of [`SAMPLE`] entries is drawn and, of the deepest level
+//! in it, the least recently used is evicted, so leaves go before the
+//! inner nodes that route to them. Admission is level-aware: an object of depth `d` (0 = root)
 //! is cached only while `d <= limit`, and the limit adapts to the miss ratio
 //! of each window of lookups (above 50%: one level fewer; below 25%: one
 //! more), so the hot upper levels of a tree stay cached.
@@ -22,6 +24,7 @@ const WINDOW: u64 = 512;
 struct Entry {
     data: Vec<u8>,
     last: u64,
+    depth: u32,
 }
 
 /// A byte-bounded object cache.
@@ -126,7 +129,14 @@ impl Cache {
         self.used += data.len();
         self.pos.insert(addr, self.keys.len());
         self.keys.push(addr);
-        self.map.insert(addr, Entry { data, last: self.tick });
+        self.map.insert(
+            addr,
+            Entry {
+                data,
+                last: self.tick,
+                depth,
+            },
+        );
     }
 
     /// Applies a write to every cached object it overlaps.
@@ -165,15 +175,17 @@ impl Cache {
         self.used = 0;
     }
 
+    /// Evicts the least recently used of the deepest level in a random sample.
     fn evict_one(&mut self) {
         let n = self.keys.len();
+        let rank = |e: &Entry| (std::cmp::Reverse(e.depth), e.last);
         let mut victim = self.keys[self.rng.gen_range(0..n)];
-        let mut oldest = self.map[&victim].last;
+        let mut best = rank(&self.map[&victim]);
         for _ in 1..SAMPLE.min(n) {
             let k = self.keys[self.rng.gen_range(0..n)];
-            let l = self.map[&k].last;
-            if l < oldest {
-                oldest = l;
+            let r = rank(&self.map[&k]);
+            if r < best {
+                best = r;
                 victim = k;
             }
         }
@@ -219,6 +231,22 @@ mod tests {
         }
         let hot = (0..10u64).filter(|i| c.map.contains_key(&(i * 64))).count();
         assert_eq!(hot, 10, "hot entries evicted");
+    }
+
+    #[test]
+    fn leaves_are_evicted_before_the_inner_nodes_that_route_to_them() {
+        // 16 inner nodes (depth 1) used once, long ago; leaves (depth 2)
+        // stream through, each used more recently than any inner node.
+        let mut c = Cache::new(64 * 100, 3);
+        for i in 0..16u64 {
+            c.insert(i * 64, vec![0; 64], 1);
+        }
+        for i in 0..1000u64 {
+            c.insert((1 << 20) + i * 64, vec![0; 64], 2);
+        }
+        let inner = (0..16u64).filter(|i| c.map.contains_key(&(i * 64))).count();
+        assert_eq!(inner, 16, "an inner node was evicted before a leaf");
+        assert!(c.used <= 64 * 100);
     }
 
     #[test]

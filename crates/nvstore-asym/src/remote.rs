@@ -37,7 +37,8 @@
 //!
 //! The front-end half of the two-tier allocator (AsymNVM §5.2) carves
 //! back-end slabs into blocks of one size class each, with free lists in
-//! DRAM; blocks of a slab or more come from the back-end directly and are
+//! DRAM (blocks up to half a slab from one slab, blocks up to four slabs
+//! from a run of sixteen); larger blocks come from the back-end directly and are
 //! freed by a memory log, atomically with the operation that frees them.
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
@@ -139,6 +140,20 @@ pub struct Remote {
     batch_since: Option<Instant>,
     /// Operation log of the operation in progress (rcb).
     op: Option<Vec<u8>>,
+    /// The operation in progress appended its log already, with this
+    /// sequence number: it rode on the operation's first round trip.
+    op_sent: Option<u64>,
+    /// The operation in progress has written (memory logs or frees), so
+    /// its log can no longer ride ahead of its writes.
+    op_dirty: bool,
+    /// A full batch `(op_applied, logs)` closed by an operation whose log
+    /// was already sent: it rides first on the next round trip, whatever
+    /// that carries.
+    ready: Option<(u64, Vec<MemLog>)>,
+    /// Operation logs that rode ahead on another verb's round trip.
+    logs_ahead: u64,
+    /// Round trips that carried a malloc and no operation log.
+    alloc_trips: u64,
     /// Sequence number the next operation log gets.
     op_next: u64,
     /// Last operation whose memory logs are pending or sent.
@@ -176,6 +191,11 @@ enum Section {
 
 /// Size classes are multiples of this.
 const GRAIN: u64 = 16;
+/// Blocks of up to this many slabs are carved by the front-end (and freed
+/// into its free lists); larger ones are the back-end's, one malloc each.
+const CARVED_SLABS: u64 = 4;
+/// Slabs a front-end takes at once to carve blocks larger than half a slab.
+const CHUNK_SLABS: u64 = 16;
 
 impl Remote {
     /// Connects over `t`, takes the writer lock (one round trip each).
@@ -221,6 +241,11 @@ impl Remote {
             batch_ops: 0,
             batch_since: None,
             op: None,
+            op_sent: None,
+            op_dirty: false,
+            ready: None,
+            logs_ahead: 0,
+            alloc_trips: 0,
             replaying: None,
             free: HashMap::new(),
             carving: HashMap::new(),
@@ -238,6 +263,18 @@ impl Remote {
     /// Whether this front-end is a reader ([`Remote::open_reader`]).
     pub fn is_reader(&self) -> bool {
         self.reader
+    }
+
+    /// Operation logs that rode ahead on the round trip of one of their
+    /// operation's reads or mallocs (rcb), instead of a round trip of their own.
+    pub fn logs_ahead(&self) -> u64 {
+        self.logs_ahead
+    }
+
+    /// Round trips spent on allocation alone: a malloc that carried no
+    /// operation log (one that did costs its operation nothing more).
+    pub fn alloc_trips(&self) -> u64 {
+        self.alloc_trips
     }
 
     /// Read sections run again because a write overtook them.
@@ -301,18 +338,103 @@ impl Remote {
 
     fn one(&mut self, v: Verb, what: &'static str) -> Result<Reply> {
         let r = self
-            .client
-            .post(&[v])?
+            .post(vec![v])?
             .pop()
             .ok_or_else(|| Error::Protocol("no reply".into()))?;
         check(r, what)
+    }
+
+    /// One round trip carrying `verbs`, preceded by what rides along
+    /// (rcb): a batch that is ready ([`Remote::commit`]), then the current
+    /// operation's log if it has not been sent and the operation has not
+    /// written yet. So an operation's first round trip (typically the read
+    /// of the leaf its cached upper levels led to) also makes it durable,
+    /// and a write whose reads miss once costs one round trip in all
+    /// (AsymNVM §4.3: the operation log first, before any memory log).
+    /// Answers the replies to `verbs` only.
+    fn post(&mut self, verbs: Vec<Verb>) -> Result<Vec<Reply>> {
+        let ready = self.ready.take();
+        let early = self.early_log();
+        if ready.is_none() && early.is_none() {
+            return self.client.post(&verbs);
+        }
+        let mut all = Vec::with_capacity(verbs.len() + 3);
+        let had_ready = ready.is_some();
+        if let Some((op_applied, logs)) = ready {
+            all.push(Verb::TxWrite { op_applied, logs });
+        }
+        if let Some(payload) = &early {
+            all.push(Verb::OpLog {
+                payload: payload.clone(),
+            });
+            if self.retained.is_some() {
+                all.push(Verb::ReplMark);
+            }
+        }
+        let pre = all.len();
+        all.extend(verbs);
+        let mut replies = self.client.post(&all)?;
+        if replies.len() != all.len() {
+            return Err(Error::Protocol(format!(
+                "{} replies to {} verbs",
+                replies.len(),
+                all.len()
+            )));
+        }
+        let rest = replies.split_off(pre);
+        let mut head = replies.into_iter();
+        if had_ready {
+            check(head.next().unwrap(), "tx_write")?;
+            self.published();
+        }
+        if let Some(payload) = early {
+            let seq = self.op_next;
+            let answer = head.next().unwrap();
+            if let Some(r) = self.retained.as_mut() {
+                r.push_back((seq, payload.clone()));
+                if let Some(Reply::Word(mark)) = head.next() {
+                    while r.front().is_some_and(|(s, _)| *s < mark) {
+                        r.pop_front();
+                    }
+                }
+            }
+            match answer {
+                Reply::Word(s) if s == seq => {}
+                Reply::Err(Code::LogFull, _) => {
+                    // Ring full: commit the batch to free it, then log
+                    // again (two more round trips). The operation has not
+                    // written, so the batch holds earlier operations only.
+                    let logs = self.take_logs();
+                    let op_applied = self.op_covered;
+                    let r = self.client.post(&[Verb::TxWrite { op_applied, logs }])?;
+                    check(r.into_iter().next().unwrap_or(Reply::Ok), "tx_write")?;
+                    self.published();
+                    match self.client.post(&[Verb::OpLog { payload }])?.pop() {
+                        Some(Reply::Word(s)) if s == seq => {}
+                        o => return Err(Error::Protocol(format!("op_log answered {o:?}, expected {seq}"))),
+                    }
+                }
+                o => return Err(Error::Protocol(format!("op_log answered {o:?}, expected {seq}"))),
+            }
+            self.op_sent = Some(seq);
+            self.logs_ahead += 1;
+        }
+        Ok(rest)
+    }
+
+    /// The current operation's log, if it may ride on the next round trip.
+    fn early_log(&self) -> Option<Vec<u8>> {
+        if self.opts.mode != Mode::Rcb || self.op_sent.is_some() || self.op_dirty || self.replaying.is_some() {
+            return None;
+        }
+        self.op.clone()
     }
 
     // ------------------------------------------------------------ naming
 
     /// A name's value in the naming space (one round trip).
     pub fn name_get(&mut self, name: &str) -> Result<Option<u64>> {
-        match self.client.post(&[Verb::NameGet { name: name.into() }])?.pop() {
+        match self.post(vec![Verb::NameGet { name: name.into() }])?.pop() {
             Some(Reply::Word(w)) => Ok(Some(w)),
             Some(Reply::Err(Code::NotFound, _)) => Ok(None),
             o => Err(Error::Protocol(format!("name_get answered {o:?}"))),
@@ -366,7 +488,7 @@ impl Remote {
                 verbs.insert(0, Verb::SeqRead);
                 verbs.push(Verb::SeqRead);
             }
-            let mut replies = self.client.post(&verbs)?.into_iter();
+            let mut replies = self.post(verbs)?.into_iter();
             if guarded {
                 let before = match replies.next() {
                     Some(Reply::Word(w)) => w,
@@ -461,13 +583,34 @@ impl Remote {
     /// applied (a full ring, [`Remote::commit`]).
     pub fn begin(&mut self, op_log: &[u8]) {
         debug_assert!(!op_log.is_empty(), "an operation log needs at least its opcode");
+        let _ = self.abandon();
         self.op = Some(op_log.to_vec());
     }
 
     /// Starts re-executing logged operation `seq` (recovery).
     pub fn begin_replay(&mut self, seq: u64) {
-        self.op = None;
+        let _ = self.abandon();
         self.replaying = Some(seq);
+    }
+
+    /// Ends the operation in progress without committing it (it failed).
+    /// If its log rode ahead on one of its reads, the log is durable: it
+    /// counts as applied, so the next transaction covers it and it is never
+    /// executed again; what the operation wrote so far stays pending, like
+    /// the writes of a failed operation whose log was never sent.
+    /// Answers whether its log had been sent (then [`Remote::flush`] sends
+    /// the transaction that covers it).
+    pub fn abandon(&mut self) -> bool {
+        self.op = None;
+        self.op_dirty = false;
+        let Some(seq) = self.op_sent.take() else {
+            return false;
+        };
+        self.op_next = seq + 1;
+        self.op_covered = seq;
+        self.batch_ops += 1;
+        self.batch_since.get_or_insert_with(Instant::now);
+        true
     }
 
     /// Writes `data` at `addr` as part of the current operation.
@@ -486,6 +629,7 @@ impl Remote {
         }
         self.cache.write(addr, data);
         self.add_pending(addr, data);
+        self.op_dirty = true;
         Ok(())
     }
 
@@ -558,6 +702,7 @@ impl Remote {
     pub fn commit(&mut self) -> Result<()> {
         self.refuse_reader("commit")?;
         let op = self.op.take();
+        self.op_dirty = false;
         match self.opts.mode {
             Mode::Naive => {
                 self.published();
@@ -583,10 +728,36 @@ impl Remote {
                 let Some(payload) = op else {
                     return Err(Error::Protocol("commit without begin".into()));
                 };
-                let seq = self.op_next;
                 let full = self.batch_ops >= self.opts.batch
                     || self.batch_since.is_some_and(|t| t.elapsed() >= self.opts.flush_after)
                     || self.pending_bytes as u64 * 2 > self.hello.data_len.min(4 << 20);
+                if let Some(seq) = self.op_sent.take() {
+                    // The log rode on one of the operation's reads: it is
+                    // durable, and nothing is left to send now. A batch
+                    // this operation fills goes first on the next round trip.
+                    self.op_next = seq + 1;
+                    self.op_covered = seq;
+                    if full {
+                        if let Some((applied, logs)) = self.ready.take() {
+                            // Not reached: every round trip takes the ready batch along.
+                            self.one(
+                                Verb::TxWrite {
+                                    op_applied: applied,
+                                    logs,
+                                },
+                                "tx_write",
+                            )?;
+                            self.published();
+                        }
+                        let logs = self.take_logs();
+                        self.ready = Some((seq, logs));
+                        // What the batch publishes is no longer private to
+                        // this front-end: later operations copy, not change in place.
+                        self.fresh.clear();
+                    }
+                    return Ok(());
+                }
+                let seq = self.op_next;
                 let kept = self.retained.is_some().then(|| payload.clone());
                 let mut verbs = vec![Verb::OpLog { payload }];
                 if full {
@@ -598,7 +769,7 @@ impl Remote {
                 if kept.is_some() {
                     verbs.push(Verb::ReplMark);
                 }
-                let replies = self.client.post(&verbs)?;
+                let replies = self.post(verbs)?;
                 if let (Some(p), Some(r)) = (kept, self.retained.as_mut()) {
                     r.push_back((seq, p));
                     if let Some(Reply::Word(mark)) = replies.last() {
@@ -660,6 +831,10 @@ impl Remote {
     /// Sends pending memory logs now (rcb), one round trip if any.
     pub fn flush(&mut self) -> Result<()> {
         if self.pending.is_empty() && self.pending_frees.is_empty() && self.batch_ops == 0 {
+            if self.ready.is_some() {
+                // Only the ready batch: it goes alone.
+                self.post(Vec::new())?;
+            }
             // Everything written so far is on the back-end already.
             self.published();
             return Ok(());
@@ -678,6 +853,10 @@ impl Remote {
     pub fn flush_if_due(&mut self) -> Result<bool> {
         if self.opts.mode != Mode::Rcb || self.op.is_some() || self.replaying.is_some() {
             return Ok(false);
+        }
+        if self.ready.is_some() {
+            self.flush()?;
+            return Ok(true);
         }
         match self.batch_since {
             Some(t) if t.elapsed() >= self.opts.flush_after => {
@@ -750,7 +929,7 @@ impl Remote {
 
     fn alloc_block(&mut self, len: u64) -> Result<u64> {
         let slab = self.hello.slab;
-        if len > slab / 2 {
+        if len > CARVED_SLABS * slab {
             let n = len.div_ceil(slab) as u32;
             return self.malloc(n);
         }
@@ -763,13 +942,21 @@ impl Remote {
             self.carving.insert(class, (cur + class, end));
             return Ok(cur);
         }
-        let s = self.malloc(1)?;
-        self.carving.insert(class, (s + class, s + slab));
+        // Blocks up to half a slab are carved from one slab; larger ones
+        // (a B+-tree leaf) from a run of slabs, so a malloc serves many.
+        let n = if class <= slab / 2 { 1 } else { CHUNK_SLABS };
+        let s = self.malloc(n as u32)?;
+        self.carving.insert(class, (s + class, s + n * slab));
         Ok(s)
     }
 
     fn malloc(&mut self, slabs: u32) -> Result<u64> {
-        match self.one(Verb::Malloc { slabs }, "malloc")? {
+        let ahead = self.logs_ahead;
+        let r = self.one(Verb::Malloc { slabs }, "malloc")?;
+        if self.logs_ahead == ahead {
+            self.alloc_trips += 1;
+        }
+        match r {
             Reply::Word(a) => Ok(a),
             o => Err(Error::Protocol(format!("malloc answered {o:?}"))),
         }
@@ -780,12 +967,13 @@ impl Remote {
         self.cache.remove(addr);
         self.fresh.remove(&addr);
         let slab = self.hello.slab;
-        if len > slab / 2 {
+        if len > CARVED_SLABS * slab {
             let n = len.div_ceil(slab) as u32;
             if self.opts.mode == Mode::Naive {
                 return self.one(Verb::Free { addr, slabs: n }, "free").map(|_| ());
             }
             self.pending_frees.push((addr, n));
+            self.op_dirty = true;
             return Ok(());
         }
         let class = len.div_ceil(GRAIN).max(1) * GRAIN;

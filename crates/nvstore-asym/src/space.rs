@@ -239,6 +239,8 @@ pub struct SpaceStats {
     pub cached_pages: usize,
     /// Round trips spent reading (the rest carry writes and operation logs).
     pub read_trips: u64,
+    /// Operation logs that rode on a read's round trip instead of their own.
+    pub logs_ahead: u64,
 }
 
 impl State {
@@ -504,12 +506,14 @@ impl RemoteSpace {
     pub fn stats(&self) -> SpaceStats {
         let s = self.inner.state.lock();
         let counters = s.remote.as_ref().map(|r| r.counters().clone()).unwrap_or_default();
+        let logs_ahead = s.remote.as_ref().map_or(0, |r| r.logs_ahead());
         SpaceStats {
             counters,
             page_hits: s.pages.hits,
             page_misses: s.pages.misses,
             cached_pages: s.pages.map.len(),
             read_trips: s.read_trips,
+            logs_ahead,
         }
     }
 
@@ -559,13 +563,18 @@ impl RemoteSpace {
             let op = decode_op(payload)
                 .ok_or_else(|| Error::Protocol(format!("operation log {seq} is not a put, an update or a delete")))?;
             self.inner.state.lock().replay = Some(*seq);
-            match op {
-                Operation::Put { key, value } => db.put(key, value)?,
-                Operation::Update { key, value } => {
-                    db.update(key, value)?;
-                }
-                Operation::Delete { key } => {
-                    db.delete(key)?;
+            let done = match op {
+                Operation::Put { key, value } => db.put(key, value),
+                Operation::Update { key, value } => db.update(key, value).map(|_| ()),
+                Operation::Delete { key } => db.delete(key).map(|_| ()),
+            };
+            // An operation's log rides on its first read, so an operation
+            // that then failed (and was never acknowledged) may be logged:
+            // it fails again here and is skipped, counted as applied. A
+            // lost back-end fails the recovery.
+            if let Err(e) = done {
+                if self.failure().is_some() {
+                    return Err(e.into());
                 }
             }
         }
@@ -692,8 +701,13 @@ impl Space for RemoteSpace {
         }
         self.inner.hand_over(&mut s, false);
         if out.is_err() && replay.is_none() {
-            // Not logged: what the failed operation persisted is sent like
-            // any write outside an operation.
+            // Not logged, or logged ahead (its log rode on one of its
+            // reads) and now counted as applied: what the failed operation
+            // persisted is sent like any write outside an operation, in a
+            // transaction that covers its log.
+            if s.remote().abandon() {
+                s.unsent = true;
+            }
             self.inner.send(&mut s)?;
             return out;
         }

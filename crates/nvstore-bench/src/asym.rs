@@ -80,6 +80,9 @@ pub struct AsymResult {
     pub bytes_per_op: f64,
     pub p50_ns: u64,
     pub p99_ns: u64,
+    /// `--batch` and `--cache-pct` of the run (for `bench plot`).
+    pub batch: usize,
+    pub cache_pct: u64,
     /// Transactions whose condition failed (nothing written), with --app.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub aborted: Option<u64>,
@@ -100,6 +103,8 @@ impl AsymResult {
             bytes_per_op: d.bytes() as f64 / per,
             p50_ns: hist.value_at_quantile(0.5),
             p99_ns: hist.value_at_quantile(0.99),
+            batch: 0,
+            cache_pct: 0,
             aborted: None,
         }
     }
@@ -163,7 +168,11 @@ pub fn run_asym(a: &AsymArgs) -> Result<AsymResult, String> {
             (addr, Some(p))
         }
     };
-    let r = run_on(a, mode, addr);
+    let r = run_on(a, mode, addr).map(|r| AsymResult {
+        batch: a.batch.max(1),
+        cache_pct: a.cache_pct,
+        ..r
+    });
     if let Some(p) = pool {
         let _ = std::fs::remove_file(p);
     }

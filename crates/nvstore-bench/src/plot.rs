@@ -21,7 +21,12 @@
 //! - `adaptive_vs_locality_WORKLOAD_NODE`: last-interval throughput of
 //!   each strategy against locality, when several were run (Fig. 14, 15);
 //! - `adaptive_rebuild_ms_NODE`: rebuild time per strategy of
-//!   `--workload seq-insert` runs (Fig. 17).
+//!   `--workload seq-insert` runs (Fig. 17);
+//! - from `bench asym --json` lines: `asym_table3` (AsymNVM Table 3):
+//!   operations per second per structure, one bar per mode, at the most
+//!   measured (batch, cache); `asym_vs_batch` (AsymNVM Fig. 6) and
+//!   `asym_vs_cache` (Fig. 7): rcb throughput against `--batch` and
+//!   against `--cache-pct`, one line per structure, when several were run.
 //!
 //! Text is drawn with a TrueType font loaded at run time (DejaVu Sans or
 //! Liberation Sans from the usual system paths, or `NVSTORE_PLOT_FONT`).
@@ -103,6 +108,15 @@ struct AdaptiveRun {
 }
 
 #[derive(Clone, Debug)]
+struct AsymRun {
+    structure: String,
+    mode: String,
+    batch: u64,
+    cache_pct: u64,
+    ops_per_sec: f64,
+}
+
+#[derive(Clone, Debug)]
 struct YcsbRun {
     workload: String,
     target: String,
@@ -110,7 +124,11 @@ struct YcsbRun {
 }
 
 /// Reads every `*.jsonl` / `*.json` file of `dir` (one object per line).
-fn read_results(dir: &Path) -> Result<(Vec<Run>, Vec<YcsbRun>, Vec<AdaptiveRun>)> {
+/// Every kind of result a directory holds.
+type Results = (Vec<Run>, Vec<YcsbRun>, Vec<AdaptiveRun>, Vec<AsymRun>);
+
+fn read_results(dir: &Path) -> Result<Results> {
+    let mut asym = Vec::new();
     let mut runs = Vec::new();
     let mut ycsb = Vec::new();
     let mut adaptive = Vec::new();
@@ -147,6 +165,21 @@ fn read_results(dir: &Path) -> Result<(Vec<Run>, Vec<YcsbRun>, Vec<AdaptiveRun>)
                         intervals: intervals.iter().filter_map(Value::as_f64).collect(),
                         last: fl("last_interval_ops_per_sec").unwrap_or(0.0),
                         rebuild_ms: fl("rebuild_ms").unwrap_or(0.0),
+                    });
+                }
+                continue;
+            }
+            // `bench asym --json`: a structure, a mode, round trips per op
+            // (transaction benchmarks, with `app`, are left out).
+            if v.get("round_trips_per_op").is_some() && v.get("app").is_none() {
+                if let (Some(structure), Some(mode), Some(ops_per_sec)) = (s("structure"), s("mode"), fl("ops_per_sec"))
+                {
+                    asym.push(AsymRun {
+                        structure,
+                        mode,
+                        batch: u("batch").unwrap_or(0),
+                        cache_pct: u("cache_pct").unwrap_or(0),
+                        ops_per_sec,
                     });
                 }
                 continue;
@@ -193,7 +226,137 @@ fn read_results(dir: &Path) -> Result<(Vec<Run>, Vec<YcsbRun>, Vec<AdaptiveRun>)
             });
         }
     }
-    Ok((runs, ycsb, adaptive))
+    Ok((runs, ycsb, adaptive, asym))
+}
+
+/// Mean throughput of the runs `keep` selects, or 0.
+fn mean_ops(rs: &[AsymRun], keep: impl Fn(&AsymRun) -> bool) -> f64 {
+    let xs: Vec<f64> = rs.iter().filter(|r| keep(r)).map(|r| r.ops_per_sec).collect();
+    if xs.is_empty() {
+        0.0
+    } else {
+        xs.iter().sum::<f64>() / xs.len() as f64
+    }
+}
+
+/// The `bench asym` figures: AsymNVM Table 3, Fig. 6 and Fig. 7.
+fn asym_figures(out: &Path, rs: &[AsymRun]) -> Result<Vec<PathBuf>> {
+    let mut files = Vec::new();
+    if rs.is_empty() {
+        return Ok(files);
+    }
+    let order = [
+        "queue", "stack", "hash", "skiplist", "bst", "bptree", "mvbst", "mvbpt", "nvtree",
+    ];
+    let rank = |s: &str| order.iter().position(|o| *o == s).unwrap_or(order.len());
+    let mut structures: Vec<&str> = rs
+        .iter()
+        .map(|r| r.structure.as_str())
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    structures.sort_by_key(|s| (rank(s), s.to_string()));
+    // Table 3: every mode at the most measured (batch, cache).
+    if let Some((b, c)) = mode(rs.iter().map(|r| (r.batch, r.cache_pct))) {
+        let at: Vec<AsymRun> = rs
+            .iter()
+            .filter(|r| r.batch == b && r.cache_pct == c)
+            .cloned()
+            .collect();
+        let modes: Vec<&str> = ["naive", "r", "rc", "rcb"]
+            .into_iter()
+            .filter(|m| at.iter().any(|r| r.mode == *m))
+            .collect();
+        let series: Vec<(String, Vec<f64>)> = modes
+            .iter()
+            .map(|&m| {
+                let v = structures
+                    .iter()
+                    .map(|&s| mean_ops(&at, |r| r.mode == m && r.structure == s))
+                    .collect();
+                (m.to_string(), v)
+            })
+            .collect();
+        let cats: Vec<String> = structures.iter().map(|s| s.to_string()).collect();
+        files.extend(bars(
+            out,
+            "asym_table3",
+            &format!("AsymNVM Table 3: throughput per structure and mode (batch {b}, cache {c}%)"),
+            "operations / s",
+            &cats,
+            &series,
+        )?);
+    }
+    // Fig. 6 and 7: rcb against batch size (at the most measured cache)
+    // and against cache size (at the most measured batch).
+    let rcb: Vec<&AsymRun> = rs.iter().filter(|r| r.mode == "rcb").collect();
+    type Axis = (
+        &'static str,
+        &'static str,
+        &'static str,
+        fn(&AsymRun) -> u64,
+        fn(&AsymRun) -> u64,
+    );
+    let axes: [Axis; 2] = [
+        (
+            "asym_vs_batch",
+            "batch size (operations per tx_write)",
+            "cache",
+            |r| r.batch,
+            |r| r.cache_pct,
+        ),
+        (
+            "asym_vs_cache",
+            "front-end cache (% of the structure)",
+            "batch",
+            |r| r.cache_pct,
+            |r| r.batch,
+        ),
+    ];
+    for (name, xl, other, x, fixed) in axes {
+        let Some(f) = mode(rcb.iter().map(|r| fixed(r))) else {
+            continue;
+        };
+        let mut series: Series = Vec::new();
+        for &s in &structures {
+            let xs: BTreeSet<u64> = rcb
+                .iter()
+                .filter(|r| r.structure == s && fixed(r) == f)
+                .map(|r| x(r))
+                .collect();
+            if xs.len() < 2 {
+                continue;
+            }
+            let pts = xs
+                .iter()
+                .map(|&xv| {
+                    let y = mean_ops(rs, |r| {
+                        r.mode == "rcb" && r.structure == s && fixed(r) == f && x(r) == xv
+                    });
+                    (xv as f64, y)
+                })
+                .collect();
+            series.push((s.to_string(), pts));
+        }
+        if series.is_empty() {
+            continue;
+        }
+        let title = format!(
+            "AsymNVM Fig. {}: rcb throughput, {other} {f}{}",
+            if name == "asym_vs_batch" { 6 } else { 7 },
+            if other == "cache" { "%" } else { "" }
+        );
+        files.extend(lines(
+            out,
+            name,
+            &title,
+            xl,
+            "operations / s",
+            &series,
+            name == "asym_vs_batch",
+        )?);
+    }
+    Ok(files)
 }
 
 /// Per strategy, in report order (off first): `(rank, name)`.
@@ -514,8 +677,8 @@ fn series_of(runs: &[&Run], x: impl Fn(&Run) -> f64, y: impl Fn(&Run) -> f64) ->
 /// Draws every figure the results in `args.dir` support; returns the files written.
 pub fn plot(args: &PlotArgs) -> Result<Vec<PathBuf>> {
     ensure_font()?;
-    let (runs, ycsb, adaptive) = read_results(&args.dir)?;
-    if runs.is_empty() && ycsb.is_empty() && adaptive.is_empty() {
+    let (runs, ycsb, adaptive, asym) = read_results(&args.dir)?;
+    if runs.is_empty() && ycsb.is_empty() && adaptive.is_empty() && asym.is_empty() {
         return Err(Error::InvalidOption(format!(
             "{}: no benchmark results (*.jsonl from --out) found",
             args.dir.display()
@@ -631,6 +794,7 @@ pub fn plot(args: &PlotArgs) -> Result<Vec<PathBuf>> {
         )?);
     }
     files.extend(adaptive_figures(&out, &adaptive)?);
+    files.extend(asym_figures(&out, &asym)?);
     Ok(files)
 }
 

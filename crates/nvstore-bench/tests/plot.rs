@@ -102,3 +102,66 @@ fn plotting_an_empty_dir_is_an_error() {
     .unwrap_err();
     assert!(e.to_string().contains("no benchmark results"), "{e}");
 }
+
+#[test]
+fn plotting_asym_json_draws_table_3_and_figures_6_and_7() {
+    let dir = tempfile::tempdir().unwrap();
+    let res = dir.path().join("results");
+    std::fs::create_dir_all(&res).unwrap();
+    // Real `bench asym --json` lines from small runs: Table 3 at batch 64 and
+    // 10% cache, a batch sweep and a cache sweep in rcb.
+    let mut lines = String::new();
+    let mut run = |structure: &str, mode: &str, batch: usize, cache_pct: u64| {
+        let a = nvstore_bench::AsymArgs {
+            structure: structure.into(),
+            app: None,
+            scale: 0,
+            mode: mode.into(),
+            ops: 300,
+            batch,
+            cache_pct,
+            delay_us: 0,
+            connect: None,
+            json: true,
+        };
+        let mut out = Vec::new();
+        nvstore_bench::asym::asym_main(&a, &mut out).unwrap();
+        lines.push_str(&String::from_utf8(out).unwrap());
+    };
+    for s in ["queue", "bptree"] {
+        for m in ["naive", "rcb"] {
+            run(s, m, 64, 10);
+        }
+        run(s, "rcb", 1, 10);
+        run(s, "rcb", 64, 100);
+    }
+    // A transaction benchmark's line is not a structure's: left out.
+    lines.push_str(
+        "{\"app\":\"tatp\",\"structure\":\"bptree\",\"mode\":\"rcb\",\"ops_per_sec\":1.0,\"round_trips_per_op\":1.0}\n",
+    );
+    std::fs::write(res.join("asym.jsonl"), lines).unwrap();
+    let files = plot_main(
+        &PlotArgs {
+            dir: res.clone(),
+            out: None,
+        },
+        &mut Vec::new(),
+    )
+    .unwrap();
+    let names: Vec<String> = files
+        .iter()
+        .map(|f| f.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    for want in ["asym_table3", "asym_vs_batch", "asym_vs_cache"] {
+        for ext in ["svg", "png"] {
+            let n = format!("{want}.{ext}");
+            assert!(names.contains(&n), "{n} missing from {names:?}");
+        }
+    }
+    let table = std::fs::read_to_string(res.join("figures/asym_table3.svg")).unwrap();
+    for label in ["queue", "bptree", "naive", "rcb", "batch 64, cache 10%"] {
+        assert!(table.contains(label), "table 3 lacks {label}");
+    }
+    let batch = std::fs::read_to_string(res.join("figures/asym_vs_batch.svg")).unwrap();
+    assert!(batch.contains("bptree") && batch.contains("queue"));
+}

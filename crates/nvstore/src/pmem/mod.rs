@@ -113,10 +113,13 @@ pub trait Space: Send + Sync + 'static {
 
     /// Runs `f`, the persistent effects of one write operation of `Db`,
     /// described by `op`, and answers what `f` answers. A space that keeps
-    /// an operation log (the AsymNVM back-end's, AsymNVM §4.3) logs `op`
-    /// once `f` succeeded and may defer sending `f`'s flushed ranges to
-    /// the operation's end, re-executing logged operations after a crash;
-    /// everywhere else it just runs `f`.
+    /// an operation log (the AsymNVM back-end's, AsymNVM §4.3) makes `op`
+    /// durable no later than when `f` succeeded (the remote space sends it
+    /// with `f`'s first read that leaves the front-end, or at the end if
+    /// none does; if `f` then fails, the log is marked applied) and may
+    /// defer sending `f`'s flushed ranges to the operation's end,
+    /// re-executing logged operations after a crash; everywhere else it
+    /// just runs `f`.
     #[inline]
     fn logged<R>(&self, op: Operation<'_>, f: impl FnOnce() -> Result<R>) -> Result<R>
     where

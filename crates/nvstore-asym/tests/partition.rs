@@ -424,3 +424,44 @@ fn a_killed_writer_of_one_partition_recovers_exactly_once_alone() {
     }
     assert!(replayed_somewhere, "no kill point left an operation to re-execute");
 }
+
+#[test]
+fn a_writer_that_dies_anywhere_in_opening_leaves_partitions_that_open_again() {
+    // Opening a partition: hello, writer lock, the map record (name_get,
+    // malloc, tx_write, name_set), the structure. Die after each round trip.
+    let open = |_: usize, r: &mut Remote| BpTree::open(r, "kv");
+    let map = PartitionMap::range_even(2, KEYS);
+    let mut survived = false;
+    for kill_after in 1..=20u64 {
+        let bs = backends(2);
+        let doomed = Fault {
+            kill_after: Some(kill_after),
+            ..Fault::default()
+        };
+        let links: Vec<Box<dyn Transport>> = vec![
+            Box::new(LocalTransport::new(shared(&bs[0]))),
+            Box::new(FaultyTransport::new(LocalTransport::new(shared(&bs[1])), doomed)),
+        ];
+        match Partitioned::open_writers(map.clone(), "kv", links, &opts(Mode::Rcb, 8), open) {
+            Ok(p) => {
+                survived = true;
+                drop(p);
+            }
+            Err(e) => assert!(e.is_disconnect(), "kill after {kill_after}: {e}"),
+        }
+        // The same writer again: the record is there whole, or written now.
+        let mut p = Partitioned::open_writers(map.clone(), "kv", local(&bs), &opts(Mode::Rcb, 8), open).unwrap();
+        assert_eq!(p.recover().unwrap().iter().map(|(_, n)| n).sum::<u64>(), 0);
+        for k in [1, KEYS - 1] {
+            p.with_key(k, |s, r| s.put(r, k, &val(k))).unwrap();
+            assert_eq!(p.with_key(k, |s, r| s.get(r, k)).unwrap(), Some(val(k)));
+        }
+        p.close().unwrap();
+        let swapped = vec![bs[1].clone(), bs[0].clone()];
+        assert!(matches!(
+            Partitioned::open_writers(map.clone(), "kv", local(&swapped), &opts(Mode::Rcb, 8), open),
+            Err(Error::Partition(_))
+        ));
+    }
+    assert!(survived, "no kill point let the opening finish");
+}

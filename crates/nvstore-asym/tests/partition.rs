@@ -465,3 +465,61 @@ fn a_writer_that_dies_anywhere_in_opening_leaves_partitions_that_open_again() {
     }
     assert!(survived, "no kill point let the opening finish");
 }
+
+#[test]
+fn tatp_over_subscriber_ranges_answers_as_one_backend() {
+    use nvstore_asym::apps::{tatp, Tatp};
+    let subs = 120u64;
+    let one = backend();
+    let mut r = Remote::open(LocalTransport::new(one), opts(Mode::Rcb, 8)).unwrap();
+    let mut db = Tatp::open(&mut r, "tatp", subs).unwrap();
+    db.load(&mut r).unwrap();
+    for n in 1..=3u64 {
+        // Partition i: subscribers first[i]..first[i + 1], keys from subscriber_key(first[i]).
+        let first: Vec<u64> = (0..=n).map(|i| 1 + subs * i / n).collect();
+        let starts = (0..n as usize)
+            .map(|i| if i == 0 { 0 } else { tatp::subscriber_key(first[i]) })
+            .collect();
+        let map = PartitionMap::range(starts).unwrap();
+        let bs = backends(n as usize);
+        let mut p: Partitioned<Tatp> =
+            Partitioned::open_writers(map, "tatp", local(&bs), &opts(Mode::Rcb, 8), |_, r| {
+                Tatp::open(r, "tatp", subs)
+            })
+            .unwrap();
+        for i in 0..n as usize {
+            let (lo, hi) = (first[i], first[i + 1]);
+            p.with_key(tatp::subscriber_key(lo), |t, r| t.load_range(r, lo, hi))
+                .unwrap();
+        }
+        let mut single = {
+            // A fresh single-back-end copy for this round.
+            let b = backend();
+            let mut r1 = Remote::open(LocalTransport::new(b), opts(Mode::Rcb, 8)).unwrap();
+            let mut d = Tatp::open(&mut r1, "tatp", subs).unwrap();
+            d.load(&mut r1).unwrap();
+            (r1, d)
+        };
+        assert_eq!(
+            p.each(|_, t, r| t.rows(r))
+                .unwrap()
+                .into_iter()
+                .flatten()
+                .collect::<Vec<_>>(),
+            db.rows(&mut r).unwrap().into_iter().collect::<Vec<_>>(),
+            "{n} partitions: loaded rows"
+        );
+        let mut rng = rand::rngs::StdRng::seed_from_u64(n);
+        for _ in 0..1500 {
+            let tx = tatp::Tx::random(&mut rng, subs);
+            let want = single.1.execute(&mut single.0, &tx).unwrap();
+            let got = p
+                .with_key(tatp::subscriber_key(tx.subscriber()), |t, r| t.execute(r, &tx))
+                .unwrap();
+            assert_eq!(got, want, "{tx:?}");
+        }
+        let got: Vec<_> = p.each(|_, t, r| t.rows(r)).unwrap().into_iter().flatten().collect();
+        let want: Vec<_> = single.1.rows(&mut single.0).unwrap().into_iter().collect();
+        assert_eq!(got, want, "{n} partitions: rows after the transactions");
+    }
+}

@@ -11,12 +11,20 @@
 //! skiplist). So `--partitions 1` and `--partitions 3` do the same puts.
 //! Aggregate throughput is all the puts over the wall time from the common
 //! start until the last front-end has sent its last batch.
+//!
+//! `--app tatp` runs partitioned too: every row of a TATP subscriber has a
+//! key from `s_id << 8` to `s_id << 8 | 255`, so N ranges of subscribers are
+//! N key ranges and every transaction stays in one partition. Each
+//! partition loads its own subscribers first (rcb, not timed), then the
+//! seeded stream of `--ops` transactions is split by subscriber. SmallBank
+//! is refused: its transfers touch two accounts, so two partitions.
 
 use std::path::PathBuf;
 use std::sync::Barrier;
 use std::time::Instant;
 
 use hdrhistogram::Histogram;
+use nvstore_asym::apps::{tatp, Outcome, Tatp};
 use nvstore_asym::structures::{BpTree, Bst, HashTable, Queue, SkipList};
 use nvstore_asym::transport::Counters;
 use nvstore_asym::{Mode, PartitionMap, Partitioned, Remote, RemoteOptions};
@@ -47,11 +55,13 @@ enum Ds {
     Skip(SkipList),
     Hash(HashTable),
     Queue(Queue),
+    Tatp(Tatp),
 }
 
 impl Ds {
-    fn open(r: &mut Remote, structure: &str, name: &str, buckets: u64) -> nvstore_asym::Result<Ds> {
+    fn open(r: &mut Remote, structure: &str, name: &str, buckets: u64, scale: u64) -> nvstore_asym::Result<Ds> {
         Ok(match structure {
+            "tatp" => Ds::Tatp(Tatp::open(r, name, scale)?),
             "bst" => Ds::Bst(Bst::open(r, name)?),
             "skiplist" => Ds::Skip(SkipList::open(r, name)?),
             "hash" => Ds::Hash(HashTable::open(r, name, buckets)?),
@@ -67,6 +77,7 @@ impl Ds {
             Ds::Skip(t) => t.put(r, key, value),
             Ds::Hash(t) => t.put(r, key, value),
             Ds::Queue(q) => q.enqueue(r, key, value),
+            Ds::Tatp(_) => unreachable!("TATP runs transactions"),
         }
     }
 }
@@ -74,25 +85,26 @@ impl Ds {
 /// What one front-end thread measured.
 struct Share {
     ops: u64,
+    aborted: u64,
     start: Instant,
     end: Instant,
     counters: Counters,
     hist: Histogram<u64>,
 }
 
-/// Runs `--ops` puts over `n` partitions and returns the aggregate, with
+/// Runs `--ops` puts (or TATP transactions) over `n` partitions and returns the aggregate, with
 /// each partition's figures in `per_partition`.
 pub fn run_partitioned(a: &AsymArgs, mode: Mode, n: usize) -> Result<AsymResult, String> {
-    if a.app.is_some() {
+    if a.app.as_deref().is_some_and(|app| app != "tatp") {
         return Err(
-            "--partitions runs a structure, not an --app: a SmallBank transaction spans two \
-                    accounts, so two partitions, and the apps' loaders fill one back-end"
+            "--partitions runs a structure or --app tatp: a SmallBank transaction spans two accounts, \
+             so two partitions"
                 .into(),
         );
     }
-    if !PARTITIONED.contains(&a.structure.as_str()) {
+    if a.app.is_none() && !PARTITIONED.contains(&a.structure.as_str()) {
         return Err(format!(
-            "--partitions runs {}, not {:?}",
+            "--partitions runs {} or --app tatp, not {:?}",
             PARTITIONED.join(", "),
             a.structure
         ));
@@ -131,36 +143,72 @@ fn run_on(
     backends: &[(std::net::SocketAddr, PathBuf)],
 ) -> Result<AsymResult, String> {
     let key_space = a.ops.saturating_mul(4).max(1);
-    let map = match a.structure.as_str() {
+    let app = a.app.is_some();
+    let what = if app { "tatp" } else { a.structure.as_str() };
+    let scale = a.scale.max(n as u64);
+    // TATP: partition i holds subscribers first[i]..first[i + 1].
+    let first: Vec<u64> = (0..=n as u64).map(|i| 1 + scale * i / n as u64).collect();
+    let map = match what {
         "hash" | "queue" => PartitionMap::hash(n),
+        "tatp" => PartitionMap::range(
+            (0..n)
+                .map(|i| if i == 0 { 0 } else { tatp::subscriber_key(first[i]) })
+                .collect(),
+        )
+        .map_err(|e| e.to_string())?,
         _ => PartitionMap::range_even(n, key_space),
     };
-    let name = format!("{}-{}", a.structure, rand::random::<u32>());
+    // Bytes per put (per subscriber with TATP, about 11 rows in leaves).
+    let item = if app { 11 * 100 } else { item_bytes(&a.structure) };
+    let items = if app {
+        scale.div_ceil(n as u64)
+    } else {
+        a.ops.div_ceil(n as u64)
+    };
+    let name = format!("{}-{}", what, rand::random::<u32>());
     let lock = format!("bench-{}", rand::random::<u32>());
     let per = a.ops.div_ceil(n as u64).max(1);
     let barrier = Barrier::new(n);
     let results: Vec<Result<Share, String>> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..n)
             .map(|i| {
-                let (map, name, lock, barrier) = (&map, &name, &lock, &barrier);
+                let (map, name, lock, barrier, first) = (&map, &name, &lock, &barrier, &first);
                 s.spawn(move || -> Result<Share, String> {
                     let e = |e: nvstore_asym::Error| format!("partition {i}: {e}");
                     let opts = RemoteOptions {
                         mode,
                         batch: a.batch.max(1),
-                        cache_bytes: ((per * item_bytes(&a.structure) * a.cache_pct / 100) as usize).max(4096),
+                        cache_bytes: ((items * item * a.cache_pct / 100) as usize).max(4096),
                         owner: (i as u64 + 1) << 1 | 1,
                         lock: lock.clone(),
                         ..RemoteOptions::default()
                     };
-                    let t = transport(a, backends[i].0);
-                    // Every thread reaches the barrier, even one that failed to open.
-                    let opened = t.and_then(|t| {
-                        Partitioned::open_writer_of(map.clone(), name, i, t, &opts, |_, r| {
-                            Ds::open(r, &a.structure, name, per)
+                    let open = |_: usize, r: &mut Remote| Ds::open(r, what, name, per, scale);
+                    let writer = |opts: &RemoteOptions| {
+                        transport(a, backends[i].0)
+                            .and_then(|t| Partitioned::open_writer_of(map.clone(), name, i, t, opts, open).map_err(e))
+                    };
+                    // TATP: this partition's subscribers, loaded by an rcb front-end (not timed).
+                    let loaded = if app {
+                        let loader = RemoteOptions {
+                            mode: Mode::Rcb,
+                            batch: 1024,
+                            cache_bytes: (items * item * 2) as usize,
+                            ..opts.clone()
+                        };
+                        writer(&loader).and_then(|mut p| {
+                            p.with_key(tatp::subscriber_key(first[i]), |d, r| match d {
+                                Ds::Tatp(t) => t.load_range(r, first[i], first[i + 1]),
+                                _ => unreachable!(),
+                            })
+                            .map_err(e)?;
+                            p.close().map_err(e)
                         })
-                        .map_err(e)
-                    });
+                    } else {
+                        Ok(())
+                    };
+                    // Every thread reaches the barrier, even one that failed to open.
+                    let opened = loaded.and_then(|()| writer(&opts));
                     barrier.wait();
                     let mut p = opened?;
                     let start = Instant::now();
@@ -168,18 +216,30 @@ fn run_on(
                     let mut hist = Histogram::<u64>::new_with_bounds(1, 3_600_000_000_000, 3).expect("bounds");
                     let mut rng = rand::rngs::StdRng::seed_from_u64(42);
                     let before = p.counters()[i].clone().expect("held");
-                    let mut ops = 0;
+                    let (mut ops, mut aborted) = (0, 0);
                     for j in 0..a.ops {
-                        let key = if a.structure == "queue" {
-                            j
-                        } else {
-                            rng.gen_range(0..key_space)
+                        let tx = app.then(|| tatp::Tx::random(&mut rng, scale));
+                        let key = match &tx {
+                            Some(tx) => tatp::subscriber_key(tx.subscriber()),
+                            None if a.structure == "queue" => j,
+                            None => rng.gen_range(0..key_space),
                         };
                         if map.of(key) != i {
                             continue;
                         }
                         let t = Instant::now();
-                        p.with_key(key, |d, r| d.put(r, key, &value)).map_err(e)?;
+                        match &tx {
+                            Some(tx) => {
+                                let out = p
+                                    .with_key(key, |d, r| match d {
+                                        Ds::Tatp(db) => db.execute(r, tx),
+                                        _ => unreachable!(),
+                                    })
+                                    .map_err(e)?;
+                                aborted += (out == Outcome::Aborted) as u64;
+                            }
+                            None => p.with_key(key, |d, r| d.put(r, key, &value)).map_err(e)?,
+                        }
                         hist.record(t.elapsed().as_nanos().max(1) as u64).expect("in bounds");
                         ops += 1;
                     }
@@ -190,6 +250,7 @@ fn run_on(
                     p.close().map_err(e)?;
                     Ok(Share {
                         ops,
+                        aborted,
                         start,
                         end,
                         counters,
@@ -226,10 +287,13 @@ fn run_on(
             p99_ns: s.hist.value_at_quantile(0.99),
         })
         .collect();
+    let structure = if app { "bptree" } else { a.structure.as_str() };
     Ok(AsymResult {
+        app: a.app.clone(),
+        aborted: app.then(|| shares.iter().map(|s| s.aborted).sum()),
         partitions: n,
         per_partition: Some(per_partition),
-        ..AsymResult::measured(&a.structure, mode, a.ops, secs, &total, &hist)
+        ..AsymResult::measured(structure, mode, a.ops, secs, &total, &hist)
     })
 }
 

@@ -26,6 +26,7 @@ pub mod cli;
 pub mod failbench;
 pub mod failover;
 pub mod mirror;
+pub mod partition;
 
 pub mod points;
 pub mod remote;
@@ -38,6 +39,7 @@ pub mod transport;
 pub mod wire;
 
 pub use backend::{Backend, Layout};
+pub use partition::{PartitionMap, Partitioned};
 pub use remote::{FlushTimer, Mode, Remote, RemoteOptions};
 pub use space::{open_db, open_db_as, RemoteDb, RemoteSpace, SpaceOptions};
 
@@ -84,6 +86,9 @@ pub enum Error {
     /// The cluster service (etcd) failed or refused.
     #[error("cluster: {0}")]
     Cluster(String),
+    /// A key or back-end that does not fit the partition map.
+    #[error("partition: {0}")]
+    Partition(String),
 }
 
 impl Error {

@@ -64,6 +64,11 @@ pub struct AsymArgs {
     /// One JSON object instead of text.
     #[arg(long)]
     pub json: bool,
+    /// Spread the structure over this many back-ends, one writer
+    /// front-end per partition in parallel threads (AsymNVM Fig. 10):
+    /// bptree, bst, skiplist (key ranges), hash, queue (key hashing).
+    #[arg(long)]
+    pub partitions: Option<usize>,
 }
 
 /// The result, as printed with `--json`.
@@ -86,12 +91,24 @@ pub struct AsymResult {
     /// Transactions whose condition failed (nothing written), with --app.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub aborted: Option<u64>,
+    /// Back-ends the structure was spread over (1 without --partitions).
+    pub partitions: usize,
+    /// Each partition's figures, with --partitions.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub per_partition: Option<Vec<crate::asym_part::PartResult>>,
 }
 
 impl AsymResult {
     /// The figures of `ops` timed operations that took `secs` in all, used
     /// the round trips and bytes in `d` and had the latencies in `hist`.
-    fn measured(structure: &str, mode: Mode, ops: u64, secs: f64, d: &Counters, hist: &Histogram<u64>) -> AsymResult {
+    pub(crate) fn measured(
+        structure: &str,
+        mode: Mode,
+        ops: u64,
+        secs: f64,
+        d: &Counters,
+        hist: &Histogram<u64>,
+    ) -> AsymResult {
         let per = ops.max(1) as f64;
         AsymResult {
             app: None,
@@ -106,13 +123,15 @@ impl AsymResult {
             batch: 0,
             cache_pct: 0,
             aborted: None,
+            partitions: 1,
+            per_partition: None,
         }
     }
 }
 
 /// Node bytes per item (for the cache percentage): list nodes are 80
 /// bytes; B+-tree leaves hold 64-byte values about 3/4 full.
-fn item_bytes(structure: &str) -> u64 {
+pub(crate) fn item_bytes(structure: &str) -> u64 {
     match structure {
         "bptree" | "mvbpt" => 100,
         // Node plus a bucket word; skiplist nodes average 1 1/3 links.
@@ -126,7 +145,7 @@ fn item_bytes(structure: &str) -> u64 {
     }
 }
 
-fn start_backend() -> Result<(SocketAddr, PathBuf), String> {
+pub(crate) fn start_backend() -> Result<(SocketAddr, PathBuf), String> {
     let dir = if std::path::Path::new("/dev/shm").is_dir() {
         PathBuf::from("/dev/shm")
     } else {
@@ -148,6 +167,9 @@ fn start_backend() -> Result<(SocketAddr, PathBuf), String> {
 /// Runs the benchmark and returns its result.
 pub fn run_asym(a: &AsymArgs) -> Result<AsymResult, String> {
     let mode = Mode::parse(&a.mode).ok_or_else(|| format!("unknown mode {:?}: naive, r, rc or rcb", a.mode))?;
+    if let Some(n) = a.partitions {
+        return crate::asym_part::run_partitioned(a, mode, n);
+    }
     if let Some(app) = &a.app {
         if !matches!(app.as_str(), "smallbank" | "tatp") {
             return Err(format!("unknown app {app:?}: smallbank or tatp"));
@@ -289,7 +311,7 @@ fn run_nvtree(a: &AsymArgs, mode: Mode, addr: SocketAddr) -> Result<AsymResult, 
 }
 
 /// A front-end over TCP, with `--delay-us` if asked.
-fn transport(a: &AsymArgs, addr: SocketAddr) -> Result<Box<dyn Transport>, String> {
+pub(crate) fn transport(a: &AsymArgs, addr: SocketAddr) -> Result<Box<dyn Transport>, String> {
     let tcp = TcpTransport::connect(addr).map_err(|e| format!("connect {addr}: {e}"))?;
     Ok(if a.delay_us > 0 {
         Box::new(FaultyTransport::new(
@@ -403,6 +425,17 @@ pub fn asym_main(a: &AsymArgs, out: &mut dyn Write) -> Result<AsymResult, String
             r.p99_ns
         )
         .map_err(w)?;
+        if let Some(parts) = &r.per_partition {
+            writeln!(out, "  {} partitions (aggregate above):", r.partitions).map_err(w)?;
+            for p in parts {
+                writeln!(
+                    out,
+                    "  partition {}: {} ops, {:.0} ops/s, {:.3} round trips/op, p50 {} ns, p99 {} ns",
+                    p.partition, p.ops, p.ops_per_sec, p.round_trips_per_op, p.p50_ns, p.p99_ns
+                )
+                .map_err(w)?;
+            }
+        }
     }
     Ok(r)
 }

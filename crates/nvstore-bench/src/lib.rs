@@ -15,6 +15,7 @@
 pub mod adaptive;
 pub mod args;
 pub mod asym;
+pub mod asym_part;
 pub mod baselines;
 pub mod engine;
 pub mod external;

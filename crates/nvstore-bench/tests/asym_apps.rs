@@ -15,6 +15,7 @@ fn args(app: &str, mode: &str) -> AsymArgs {
         delay_us: 0,
         connect: None,
         json: true,
+        partitions: None,
     }
 }
 

@@ -15,6 +15,7 @@ fn args(mode: &str, cache_pct: u64) -> AsymArgs {
         delay_us: 0,
         connect: None,
         json: true,
+        partitions: None,
     }
 }
 

@@ -7,7 +7,9 @@
 //!   a higher epoch and serves; the writer fails over; every acknowledged
 //!   write is there exactly once. The old primary, restarted on its pool,
 //!   is deposed: it refuses to start. A primary that is only paused (SIGSTOP)
-//!   past its lease refuses every frame when it resumes.
+//!   past its lease refuses every frame when it resumes. With two mirrors,
+//!   both claim the dead primary's key: the etcd transaction lets exactly
+//!   one win, the other follows the winner and can take over from it.
 //! - Case 5: the mirror is SIGKILLed; the primary drops it and goes on; the
 //!   mirror restarted on its pool gets the batches it missed (no full copy)
 //!   and can then take over.
@@ -210,4 +212,82 @@ fn case5_a_killed_mirror_is_dropped_and_catches_up_when_it_returns() {
     write(&mut w, &mut q, 250..300);
     m.wait_for("promoted", WAIT).unwrap();
     assert_exactly_once(&mut w, &q, 0..300);
+}
+
+/// Whether some line of `n`'s stderr so far contains `pat`.
+fn logged(n: &NodeProc, pat: &str) -> bool {
+    n.log.lock().iter().any(|l| l.contains(pat))
+}
+
+#[test]
+fn case4_two_mirrors_race_for_a_dead_primary_one_wins_the_other_follows_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(etcd) = etcd(dir.path()) else { return };
+    let mut p = node("backend", &dir.path().join("p.pool"), &etcd);
+    let paddr = p.ready_addr(WAIT).unwrap();
+    let ms = [
+        node("mirror", &dir.path().join("m1.pool"), &etcd),
+        node("mirror", &dir.path().join("m2.pool"), &etcd),
+    ];
+    let addrs = [ms[0].ready_addr(WAIT).unwrap(), ms[1].ready_addr(WAIT).unwrap()];
+    for m in &ms {
+        m.wait_for("in sync", WAIT).unwrap();
+    }
+    let (_, e0) = epoch_of(&etcd);
+    let mut w = writer(&etcd);
+    let mut q = Queue::open(w.remote(), "q").unwrap();
+    write(&mut w, &mut q, 0..200);
+
+    // Both mirrors see the key go and claim it in the same poll period.
+    p.guard.kill();
+    write(&mut w, &mut q, 200..300);
+    assert_eq!(w.failovers(), 1);
+    let deadline = Instant::now() + WAIT;
+    let won = loop {
+        let promoted: Vec<usize> = (0..2).filter(|&i| logged(&ms[i], "promoted")).collect();
+        if !promoted.is_empty() {
+            assert_eq!(promoted.len(), 1, "both mirrors promoted themselves");
+            break promoted[0];
+        }
+        assert!(Instant::now() < deadline, "no mirror took over");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let lost = 1 - won;
+    let (a1, e1) = epoch_of(&etcd);
+    assert_eq!(a1, addrs[won], "etcd names the winner");
+    assert_ne!(a1, paddr);
+    assert!(e1 > e0);
+    // The loser follows the winner (a full copy: it copied the old epoch).
+    let follow = format!("in sync with {}", addrs[won]);
+    let deadline = Instant::now() + WAIT;
+    while !logged(&ms[lost], &follow) {
+        assert!(
+            Instant::now() < deadline,
+            "the losing mirror does not follow the winner: {:?}",
+            ms[lost].log.lock()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Well past a lease and many polls: still one primary.
+    std::thread::sleep(Duration::from_millis(
+        3 * 1000 * nvstore_asym::failover::LEASE_TTL as u64,
+    ));
+    assert!(!logged(&ms[lost], "promoted"), "{:?}", ms[lost].log.lock());
+    assert_eq!(epoch_of(&etcd), (a1, e1));
+    write(&mut w, &mut q, 300..400);
+    assert_exactly_once(&mut w, &q, 0..400);
+
+    // It is a real copy: when the winner dies too, the loser takes over with every write.
+    let [mut m0, mut m1] = ms;
+    if won == 0 {
+        m0.guard.kill();
+    } else {
+        m1.guard.kill();
+    }
+    write(&mut w, &mut q, 400..450);
+    assert_eq!(w.failovers(), 2);
+    let last = if won == 0 { &m1 } else { &m0 };
+    last.wait_for("promoted", WAIT).unwrap();
+    assert_eq!(epoch_of(&etcd).0, addrs[lost]);
+    assert_exactly_once(&mut w, &q, 0..450);
 }

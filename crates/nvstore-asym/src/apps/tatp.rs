@@ -136,6 +136,20 @@ fn pick(rng: &mut impl Rng, subscribers: u64) -> u64 {
 }
 
 impl Tx {
+    /// The subscriber whose rows the transaction reads and writes (a
+    /// `sub_nbr` names `s_id`'s index row, and equals it).
+    pub fn subscriber(&self) -> u64 {
+        match *self {
+            Tx::GetSubscriberData { s_id }
+            | Tx::GetNewDestination { s_id, .. }
+            | Tx::GetAccessData { s_id, .. }
+            | Tx::UpdateSubscriberData { s_id, .. } => s_id,
+            Tx::UpdateLocation { sub_nbr, .. }
+            | Tx::InsertCallForwarding { sub_nbr, .. }
+            | Tx::DeleteCallForwarding { sub_nbr, .. } => sub_nbr,
+        }
+    }
+
     /// A transaction of the read-dominant mix over `subscribers` subscribers.
     pub fn random(rng: &mut impl Rng, subscribers: u64) -> Tx {
         let s_id = pick(rng, subscribers);
@@ -313,9 +327,16 @@ impl Tatp {
     /// Populates every subscriber's rows, in logged transactions of 32
     /// subscribers (rows already present are kept).
     pub fn load(&mut self, r: &mut Remote) -> Result<()> {
-        let mut lo = 1;
-        while lo <= self.subscribers {
-            let hi = (lo + LOAD_CHUNK).min(self.subscribers + 1);
+        self.load_range(r, 1, self.subscribers + 1)
+    }
+
+    /// Populates the rows of subscribers `lo..hi` only (one partition's
+    /// share: every row of a subscriber, its `sub_nbr` index row included,
+    /// has a key from `s_id << 8` to `s_id << 8 | 255`).
+    pub fn load_range(&mut self, r: &mut Remote, lo: u64, hi: u64) -> Result<()> {
+        let (mut lo, end) = (lo.max(1), hi.min(self.subscribers + 1));
+        while lo < end {
+            let hi = (lo + LOAD_CHUNK).min(end);
             r.begin(&tx_log(OP_LOAD, &[lo, hi]));
             self.do_load(r, lo, hi)?;
             r.commit()?;

@@ -6,8 +6,20 @@
 //! function object, puts it into a lock-free queue (an unbounded
 //! `crossbeam-channel`) and returns a future at once. A fixed set of worker
 //! threads pops the function objects and runs them on the shared `Db`; the
-//! worker that finishes one completes its oneshot channel (the paper's
-//! `std::promise`), and only then is the caller's future ready.
+//! worker that finishes one stores its result in the request's completion
+//! slot (the paper's `std::promise`: one allocation shared by the future
+//! and the request), and only then is the caller's future ready.
+//!
+//! What a request costs besides its own work, and how it is kept small:
+//! - A worker takes its share of the queue (up to [`BATCH`] requests) per
+//!   visit, and wakes the callers waiting on a batch's results once the
+//!   batch is done, not after each request: a caller that sleeps while a
+//!   window of requests is in flight is woken about once per batch, not
+//!   once per completion. A result is visible to a poll at once; only the
+//!   wake-up is deferred.
+//! - A worker that finds the queue empty keeps looking for a short while
+//!   ([`SPIN`], yielding its core meanwhile) before it sleeps, so a caller
+//!   that issues requests at a steady pace rarely has to wake a worker.
 //!
 //! The futures need no particular runtime: they are plain
 //! [`std::future::Future`]s woken by the worker, so tokio, `futures`'
@@ -27,11 +39,12 @@ use std::path::Path;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Waker};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, Sender};
-use futures_channel::oneshot;
+use crossbeam_channel::{Receiver, Sender, TryRecvError};
+use parking_lot::Mutex;
 
 use crate::db::{owned, Db, Options};
 use crate::error::{Error, Result};
@@ -42,8 +55,9 @@ use crate::txn::Txn;
 pub type Pairs = Vec<(Vec<u8>, Vec<u8>)>;
 
 /// A request as the workers see it: run on the store, or told that it will
-/// never run (`None`). Either way it completes its caller's future.
-type Job<S> = Box<dyn FnOnce(Option<&Db<S>>) + Send>;
+/// never run (`None`). Either way it completes its caller's future, and
+/// returns the waker to wake for it (the worker wakes it after its batch).
+type Job<S> = Box<dyn FnOnce(Option<&Db<S>>) -> Option<Waker> + Send>;
 
 /// Worker threads [`AsyncDb::open`] and [`AsyncDb::new`] start: one per
 /// core, at least two, so one long request never holds up all others.
@@ -127,22 +141,22 @@ impl<S: Space + Send + Sync + 'static> AsyncDb<S> {
         T: Send + 'static,
         F: FnOnce(&Db<S>) -> Result<T> + Send + 'static,
     {
-        let (done, rx) = oneshot::channel();
+        let slot = Arc::new(Slot::default());
+        let done = Completer(Some(slot.clone()));
         let job: Job<S> = Box::new(move |db| {
             let r = match db {
                 Some(db) => std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(db)))
                     .unwrap_or_else(|p| Err(Error::WorkerPanic(panic_message(&*p)))),
                 None => Err(Error::Closed),
             };
-            // The caller may have dropped its future: nobody to tell.
-            let _ = done.send(r);
+            done.complete(r)
         });
         if let Some(q) = &self.queue {
             // Fails only once every worker is gone; then the job (and its
-            // sender) is dropped and the future resolves to `Closed`.
+            // completer) is dropped and the future resolves to `Closed`.
             let _ = q.send(job);
         }
-        DbFuture { rx }
+        DbFuture { slot }
     }
 
     /// The value stored for `key`.
@@ -214,7 +228,9 @@ impl<S: Space + Send + Sync + 'static> AsyncDb<S> {
         // Fail the queued requests here, at once, rather than when a busy
         // worker next looks; workers drop anything that races past.
         while let Ok(job) = self.pending.try_recv() {
-            job(None);
+            if let Some(w) = job(None) {
+                w.wake();
+            }
         }
         self.close()
     }
@@ -242,25 +258,47 @@ impl<S: Space + Send + Sync + 'static> Drop for AsyncDb<S> {
 /// Most requests a worker takes off the queue at once.
 pub const BATCH: usize = 32;
 
-/// A worker's loop. It sleeps in `recv` only while the queue is empty;
-/// otherwise it takes its share of what is queued (up to [`BATCH`], the
-/// rest left for the other workers) in one go and runs the batch, so a
-/// client that keeps many requests in flight costs the workers no wakeup
-/// and one queue visit per batch rather than per request.
+/// How long a worker that found the queue empty keeps looking before it
+/// sleeps.
+pub const SPIN: Duration = Duration::from_micros(50);
+
+/// A worker's loop. It takes its share of what is queued (up to [`BATCH`],
+/// the rest left for the other workers) in one go, runs the batch, then
+/// wakes the callers of the batch's requests; so a client that keeps many
+/// requests in flight costs the workers one queue visit per batch rather
+/// than per request, and itself about one wake-up per batch. With the
+/// queue empty, it looks again for [`SPIN`], yielding its core, and only
+/// then sleeps in `recv`.
 fn worker<S: Space>(db: &Db<S>, rx: &Receiver<Job<S>>, abort: &AtomicBool, workers: usize) {
     let mut batch: Vec<Job<S>> = Vec::with_capacity(BATCH);
+    let mut wake: Vec<Waker> = Vec::with_capacity(BATCH);
     // `recv` fails once the queue is closed and empty: every request sent
     // before the close has been handed to some worker.
-    while let Ok(job) = rx.recv() {
+    while let Some(job) = next_job(rx) {
         batch.push(job);
         let share = (rx.len() / workers.max(1)).min(BATCH - 1);
         batch.extend(rx.try_iter().take(share));
         for job in batch.drain(..) {
-            if abort.load(Ordering::SeqCst) {
-                job(None);
-            } else {
-                job(Some(db));
-            }
+            let db = (!abort.load(Ordering::SeqCst)).then_some(db);
+            wake.extend(job(db));
+        }
+        for w in wake.drain(..) {
+            w.wake();
+        }
+    }
+}
+
+/// The next request: at once if one is queued, else after looking again
+/// for up to [`SPIN`], else whenever one comes. `None` once the queue is
+/// closed and empty.
+fn next_job<S: Space>(rx: &Receiver<Job<S>>) -> Option<Job<S>> {
+    let until = Instant::now() + SPIN;
+    loop {
+        match rx.try_recv() {
+            Ok(job) => return Some(job),
+            Err(TryRecvError::Disconnected) => return None,
+            Err(TryRecvError::Empty) if Instant::now() < until => std::thread::yield_now(),
+            Err(TryRecvError::Empty) => return rx.recv().ok(),
         }
     }
 }
@@ -275,11 +313,67 @@ fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
     }
 }
 
+/// Where a request's result goes: set once by the worker (or marked done
+/// without one when the request will never run), taken by the future.
+struct Slot<T> {
+    state: Mutex<SlotState<T>>,
+}
+
+struct SlotState<T> {
+    done: bool,
+    result: Option<Result<T>>,
+    waker: Option<Waker>,
+}
+
+impl<T> Default for Slot<T> {
+    fn default() -> Self {
+        Slot {
+            state: Mutex::new(SlotState {
+                done: false,
+                result: None,
+                waker: None,
+            }),
+        }
+    }
+}
+
+/// The request's end of a [`Slot`]. Dropped without completing (the
+/// request was dropped unrun), it marks the slot done with no result, so
+/// the future resolves to [`Error::Closed`] rather than hanging.
+struct Completer<T>(Option<Arc<Slot<T>>>);
+
+impl<T> Completer<T> {
+    /// Stores the result; returns the waker of a future waiting for it,
+    /// for the caller to wake (the worker does so after its batch).
+    fn complete(mut self, r: Result<T>) -> Option<Waker> {
+        let slot = self.0.take()?;
+        let mut st = slot.state.lock();
+        st.done = true;
+        st.result = Some(r);
+        st.waker.take()
+    }
+}
+
+impl<T> Drop for Completer<T> {
+    fn drop(&mut self) {
+        if let Some(slot) = self.0.take() {
+            let waker = {
+                let mut st = slot.state.lock();
+                st.done = true;
+                st.waker.take()
+            };
+            if let Some(w) = waker {
+                w.wake();
+            }
+        }
+    }
+}
+
 /// The result of an [`AsyncDb`] request, ready once a worker has run it.
 /// Dropping it does not cancel the request (a write still happens).
 #[must_use = "the request runs anyway; its result is only seen by awaiting the future"]
 pub struct DbFuture<T> {
-    rx: oneshot::Receiver<Result<T>>,
+    slot: Arc<Slot<T>>,
 }
 
 impl<T> DbFuture<T> {
@@ -292,13 +386,18 @@ impl<T> DbFuture<T> {
 
 impl<T> Future for DbFuture<T> {
     type Output = Result<T>;
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<T>> {
-        match Pin::new(&mut self.rx).poll(cx) {
-            Poll::Ready(Ok(r)) => Poll::Ready(r),
-            // The request was dropped without running: the store shut down.
-            Poll::Ready(Err(oneshot::Canceled)) => Poll::Ready(Err(Error::Closed)),
-            Poll::Pending => Poll::Pending,
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<T>> {
+        let mut st = self.slot.state.lock();
+        if st.done {
+            // No result: the request was dropped without running (the
+            // store shut down).
+            return Poll::Ready(st.result.take().unwrap_or(Err(Error::Closed)));
         }
+        match &st.waker {
+            Some(w) if w.will_wake(cx.waker()) => {}
+            _ => st.waker = Some(cx.waker().clone()),
+        }
+        Poll::Pending
     }
 }
 

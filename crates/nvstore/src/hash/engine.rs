@@ -170,8 +170,9 @@ impl<S: Space> HashEngine<S> {
     pub fn put(&self, key: &[u8], value: &[u8]) -> Result<()> {
         crate::tree::check_sizes(key, value)?;
         let _w = self.writer.lock();
-        self.table.put(key, value)?;
-        if self.indexed {
+        // An update leaves the index as it is: it already holds the key.
+        let new = self.table.put(key, value)?;
+        if new && self.indexed {
             self.index.insert(key, ());
         }
         Ok(())

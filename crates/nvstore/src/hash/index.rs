@@ -10,20 +10,36 @@
 //!   propagates back up: each level is changed at most once, on the way
 //!   down, and a node is never revisited.
 //! - Readers never block (KVS B+Tree index §2: "search operations and range
-//!   queries are not delayed"): writers copy the nodes on their path
-//!   (copy-on-write) and publish a new root with one atomic pointer swap
-//!   (`arc-swap`); a reader loads the root once and works on that
-//!   immutable snapshot. Nodes are reference counted, so a node is freed
-//!   when the last snapshot holding it is dropped (no epochs, no raw pointers).
-//!   Writers are serialised by one mutex; only they wait for each other.
+//!   queries are not delayed"). Inner nodes are immutable: a writer that
+//!   changes the tree's shape (a split, a merge, a borrow) or removes or
+//!   replaces an entry copies the nodes on its path (copy-on-write) and
+//!   publishes a new root with one atomic pointer swap (`arc-swap`).
+//! - An insert of a new key whose path needs no split (most inserts) copies
+//!   nothing: leaves are append-only. A leaf holds its entries in slots that
+//!   are each set once (`OnceLock`) behind a published count; the sorted
+//!   entries it was built with come first, later ones are appended in
+//!   arrival order, and a reader that enters a leaf reads the count once
+//!   and orders what it sees. So most inserts cost a descent, one key
+//!   allocation and two stores, not a copy of the path with a reference
+//!   count update per entry of every node on it.
+//! - What a range sees: a reader loads the root once and walks that tree's
+//!   nodes; a leaf is read as it is when the reader enters it. A leaf's key
+//!   range never changes while it is in the tree (a split, merge or borrow
+//!   replaces the leaves it touches, and the replaced ones are never
+//!   written again), so a reader yields keys in order, each once, every key
+//!   present throughout the range and none that never was. An insert made
+//!   during the range may or may not be seen.
+//! - Nodes are reference counted, so a node is freed when the last reader
+//!   holding it is gone (no epochs, no raw pointers). Writers are
+//!   serialised by one mutex; only they wait for each other.
 //! - A range query descends once to its first key and then walks the
 //!   leaves in order with a stack of the path (KVS B+Tree index §2 chains
 //!   leaves for this; copy-on-write nodes cannot hold sibling links, and
 //!   the stack visits each node once all the same).
 
 use std::ops::Bound;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use arc_swap::ArcSwap;
 use parking_lot::Mutex;
@@ -31,49 +47,188 @@ use parking_lot::Mutex;
 use super::table::HashTable;
 use crate::pmem::Space;
 
-/// Default branching factor (most entries or children per node). Small,
-/// because every insert copies the nodes on its path (copy-on-write): a
-/// copy costs a pointer per entry, so 16 entries over a taller path copy
-/// about a third of what 64 entries over a shorter one do, while a range
-/// still reads whole nodes.
-pub const ORDER: usize = 16;
+/// Default branching factor: most entries per leaf, most children per
+/// inner node. A leaf splits (the only time an insert copies its path)
+/// once per `ORDER / 2` inserts into it, so larger is cheaper for inserts;
+/// a reader entering a leaf sorts what was appended since the leaf was
+/// built, at most `ORDER / 2` entries, so much larger costs ranges.
+pub const ORDER: usize = 32;
 
 /// A key as nodes hold it: shared, so copying a node on a writer's path
 /// (copy-on-write) copies pointers, not key bytes.
 type Key = Arc<[u8]>;
 
-#[derive(Clone, Debug)]
 enum Node<V> {
-    /// Sorted keys and their values.
-    Leaf { keys: Vec<Key>, vals: Vec<V> },
+    Leaf(Leaf<V>),
     /// `kids[i]` holds the keys `k` with `keys[i-1] <= k < keys[i]`.
-    Inner { keys: Vec<Key>, kids: Vec<Arc<Node<V>>> },
+    Inner {
+        keys: Vec<Key>,
+        kids: Vec<Arc<Node<V>>>,
+    },
+}
+
+/// An append-only leaf: `slots[..sorted]` ascending (the entries it was
+/// built with), `slots[sorted..len]` appended since, in arrival order.
+/// Only the writer appends (under the writer lock); a slot is set before
+/// `len` is raised past it (release), so a reader that loads `len`
+/// (acquire) finds every slot below it set.
+struct Leaf<V> {
+    slots: Box<[OnceLock<(Key, V)>]>,
+    sorted: usize,
+    len: AtomicUsize,
+}
+
+impl<V: Clone> Leaf<V> {
+    /// A leaf of `cap` slots holding `entries` (ascending, at most `cap`).
+    fn new(cap: usize, entries: Vec<(Key, V)>) -> Leaf<V> {
+        debug_assert!(entries.len() <= cap);
+        let n = entries.len();
+        let mut it = entries.into_iter();
+        let slots = (0..cap)
+            .map(|_| it.next().map_or_else(OnceLock::new, OnceLock::from))
+            .collect();
+        Leaf {
+            slots,
+            sorted: n,
+            len: AtomicUsize::new(n),
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.len.load(Ordering::Acquire)
+    }
+
+    fn cap(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Slot `i`, below a `len` this thread has loaded.
+    fn entry(&self, i: usize) -> &(Key, V) {
+        self.slots[i]
+            .get()
+            .expect("a slot is set before the leaf's length is published past it")
+    }
+
+    /// The slots of the entries published now, in key order: the sorted
+    /// ones merged with the appended ones, sorted here.
+    fn order(&self) -> Vec<usize> {
+        let n = self.len();
+        if self.sorted == n {
+            return (0..n).collect();
+        }
+        let mut tail: Vec<usize> = (self.sorted..n).collect();
+        tail.sort_unstable_by(|&a, &b| self.entry(a).0.cmp(&self.entry(b).0));
+        let mut out = Vec::with_capacity(n);
+        let (mut i, mut j) = (0, 0);
+        while i < self.sorted && j < tail.len() {
+            if self.entry(i).0 < self.entry(tail[j]).0 {
+                out.push(i);
+                i += 1;
+            } else {
+                out.push(tail[j]);
+                j += 1;
+            }
+        }
+        out.extend(i..self.sorted);
+        out.extend_from_slice(&tail[j..]);
+        out
+    }
+
+    /// The slot holding `key`, if published.
+    fn find(&self, key: &[u8]) -> Option<usize> {
+        let n = self.len();
+        self.slots[..self.sorted]
+            .binary_search_by(|s| s.get().expect("sorted slots are set").0[..].cmp(key))
+            .ok()
+            .or_else(|| (self.sorted..n).find(|&i| same(&self.entry(i).0, key)))
+    }
+
+    /// Appends an entry whose key the leaf lacks; the leaf has room. Only
+    /// the writer calls this, under the writer lock.
+    fn append(&self, key: Key, val: V) {
+        let i = self.len.load(Ordering::Relaxed);
+        let fresh = self.slots[i].set((key, val)).is_ok();
+        debug_assert!(fresh, "slot {i} was already set");
+        self.len.store(i + 1, Ordering::Release);
+    }
+
+    /// Copies of the entries, in key order.
+    fn entries(&self) -> Vec<(Key, V)> {
+        self.order().into_iter().map(|i| self.entry(i).clone()).collect()
+    }
+
+    /// Moves the entries out, in key order, leaving the leaf empty (a leaf
+    /// no reader can see: the writer's own copy).
+    fn take(&mut self) -> Vec<(Key, V)> {
+        let n = std::mem::take(self.len.get_mut());
+        let mut e: Vec<(Key, V)> = self.slots[..n]
+            .iter_mut()
+            .map(|s| s.take().expect("slots below the length are set"))
+            .collect();
+        if self.sorted < n {
+            e.sort_by(|a, b| a.0.cmp(&b.0));
+        }
+        self.sorted = 0;
+        e
+    }
+
+    /// Fills an empty leaf (after [`Leaf::take`]) with `entries`, ascending.
+    fn put(&mut self, entries: Vec<(Key, V)>) {
+        debug_assert!(*self.len.get_mut() == 0 && entries.len() <= self.cap());
+        let n = entries.len();
+        for (slot, e) in self.slots.iter_mut().zip(entries) {
+            *slot = OnceLock::from(e);
+        }
+        self.sorted = n;
+        *self.len.get_mut() = n;
+    }
+}
+
+impl<V: Clone> Clone for Node<V> {
+    /// A copy for a writer's path; a leaf's copy has its entries sorted.
+    fn clone(&self) -> Self {
+        match self {
+            Node::Leaf(leaf) => Node::Leaf(Leaf::new(leaf.cap(), leaf.entries())),
+            Node::Inner { keys, kids } => Node::Inner {
+                keys: keys.clone(),
+                kids: kids.clone(),
+            },
+        }
+    }
 }
 
 impl<V: Clone> Node<V> {
     fn size(&self) -> usize {
         match self {
-            Node::Leaf { keys, .. } => keys.len(),
+            Node::Leaf(leaf) => leaf.len(),
             Node::Inner { kids, .. } => kids.len(),
         }
     }
 
-    /// Splits a full node in two halves and returns the separator.
-    fn split(&mut self) -> (Key, Node<V>) {
+    /// The two halves of a full node and the separator between them; the
+    /// node itself is left as it is (readers may still be in it).
+    fn split(&self) -> (Node<V>, Key, Node<V>) {
         match self {
-            Node::Leaf { keys, vals } => {
-                let mid = keys.len() / 2;
-                let rk = keys.split_off(mid);
-                let rv = vals.split_off(mid);
-                (rk[0].clone(), Node::Leaf { keys: rk, vals: rv })
+            Node::Leaf(leaf) => {
+                let mut left = leaf.entries();
+                let right = left.split_off(left.len() / 2);
+                let sep = right[0].0.clone();
+                (
+                    Node::Leaf(Leaf::new(leaf.cap(), left)),
+                    sep,
+                    Node::Leaf(Leaf::new(leaf.cap(), right)),
+                )
             }
             Node::Inner { keys, kids } => {
                 let mid = kids.len() / 2;
-                let rkids = kids.split_off(mid);
-                let rkeys = keys.split_off(mid);
-                let sep = keys.pop().expect("an inner node has a separator per extra child");
+                let (lkids, rkids) = (kids[..mid].to_vec(), kids[mid..].to_vec());
+                let (lkeys, rkeys) = (keys[..mid - 1].to_vec(), keys[mid..].to_vec());
                 (
-                    sep,
+                    Node::Inner {
+                        keys: lkeys,
+                        kids: lkids,
+                    },
+                    keys[mid - 1].clone(),
                     Node::Inner {
                         keys: rkeys,
                         kids: rkids,
@@ -82,6 +237,13 @@ impl<V: Clone> Node<V> {
             }
         }
     }
+}
+
+/// `a == b`, rejecting most unequal keys by length and first byte before
+/// comparing the rest (the scan of a leaf's appended entries).
+#[inline]
+fn same(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.first() == b.first() && a == b
 }
 
 /// Index of the child of an inner node whose range holds `key`.
@@ -102,10 +264,7 @@ impl<V: Clone + Send + Sync + 'static> Index<V> {
     pub fn new(order: usize) -> Index<V> {
         assert!(order >= 4, "a B+-tree node needs room for at least 4 entries");
         Index {
-            root: ArcSwap::from_pointee(Node::Leaf {
-                keys: Vec::new(),
-                vals: Vec::new(),
-            }),
+            root: ArcSwap::from_pointee(Node::Leaf(Leaf::new(order, Vec::new()))),
             writer: Mutex::new(()),
             order,
             len: AtomicU64::new(0),
@@ -132,9 +291,7 @@ impl<V: Clone + Send + Sync + 'static> Index<V> {
         loop {
             match node {
                 Node::Inner { keys, kids } => node = &kids[child(keys, key)],
-                Node::Leaf { keys, vals } => {
-                    return keys.binary_search_by(|k| k[..].cmp(key)).ok().map(|i| vals[i].clone());
-                }
+                Node::Leaf(leaf) => return leaf.find(key).map(|i| leaf.entry(i).1.clone()),
             }
         }
     }
@@ -142,14 +299,23 @@ impl<V: Clone + Send + Sync + 'static> Index<V> {
     /// Inserts or replaces; returns the previous value.
     pub fn insert(&self, key: &[u8], val: V) -> Option<V> {
         let _w = self.writer.lock();
-        let mut root = (*self.root.load_full()).clone();
-        if root.size() >= self.order {
-            let (sep, right) = root.split();
-            root = Node::Inner {
-                keys: vec![sep],
-                kids: vec![Arc::new(root), Arc::new(right)],
-            };
+        let cur = self.root.load_full();
+        // The common case: a new key whose path needs no split goes into
+        // its leaf in place; nothing is copied or published.
+        if let Some(leaf) = self.room_for(&cur, key) {
+            leaf.append(Key::from(key), val);
+            self.len.fetch_add(1, Ordering::AcqRel);
+            return None;
         }
+        let mut root = if cur.size() >= self.order {
+            let (left, sep, right) = cur.split();
+            Node::Inner {
+                keys: vec![sep],
+                kids: vec![Arc::new(left), Arc::new(right)],
+            }
+        } else {
+            (*cur).clone()
+        };
         let old = self.insert_in(&mut root, key, val);
         self.root.store(Arc::new(root));
         if old.is_none() {
@@ -158,29 +324,61 @@ impl<V: Clone + Send + Sync + 'static> Index<V> {
         old
     }
 
-    /// `node` has room for one more entry.
+    /// The leaf that takes `key` in place: `key` is not in it and no node
+    /// on its path is full (so proactive splitting has nothing to do).
+    fn room_for<'a>(&self, root: &'a Node<V>, key: &[u8]) -> Option<&'a Leaf<V>> {
+        if root.size() >= self.order {
+            return None;
+        }
+        let mut node = root;
+        loop {
+            match node {
+                Node::Inner { keys, kids } => {
+                    node = &kids[child(keys, key)];
+                    if node.size() >= self.order {
+                        return None;
+                    }
+                }
+                Node::Leaf(leaf) => return leaf.find(key).is_none().then_some(leaf),
+            }
+        }
+    }
+
+    /// `node` (the writer's own copy) has room for one more entry.
     fn insert_in(&self, mut node: &mut Node<V>, key: &[u8], val: V) -> Option<V> {
         loop {
             match node {
-                Node::Leaf { keys, vals } => {
-                    return match keys.binary_search_by(|k| k[..].cmp(key)) {
-                        Ok(i) => Some(std::mem::replace(&mut vals[i], val)),
-                        Err(i) => {
-                            keys.insert(i, Key::from(key));
-                            vals.insert(i, val);
-                            None
-                        }
+                Node::Leaf(leaf) => {
+                    let Some(i) = leaf.find(key) else {
+                        leaf.append(Key::from(key), val);
+                        return None;
                     };
+                    let old = leaf.entry(i).0.clone();
+                    let mut e = leaf.take();
+                    let at = e
+                        .binary_search_by(|(k, _)| k.cmp(&old))
+                        .expect("a found key is among the entries");
+                    let prev = std::mem::replace(&mut e[at].1, val);
+                    leaf.put(e);
+                    return Some(prev);
                 }
                 Node::Inner { keys, kids } => {
                     let mut i = child(keys, key);
                     if kids[i].size() >= self.order {
-                        let kid = Arc::make_mut(&mut kids[i]);
-                        let (sep, right) = kid.split();
+                        let (left, sep, right) = kids[i].split();
                         let go_right = key >= &sep[..];
+                        kids[i] = Arc::new(left);
                         keys.insert(i, sep);
                         kids.insert(i + 1, Arc::new(right));
                         i += go_right as usize;
+                    }
+                    // A leaf with room that lacks the key takes it in
+                    // place, uncopied (its key range is unchanged).
+                    if let Node::Leaf(leaf) = &*kids[i] {
+                        if leaf.find(key).is_none() {
+                            leaf.append(Key::from(key), val);
+                            return None;
+                        }
                     }
                     node = Arc::make_mut(&mut kids[i]);
                 }
@@ -188,11 +386,26 @@ impl<V: Clone + Send + Sync + 'static> Index<V> {
         }
     }
 
+    /// Whether `key` is in the tree now (the writer's check before copying).
+    fn contains(&self, root: &Node<V>, key: &[u8]) -> bool {
+        let mut node = root;
+        loop {
+            match node {
+                Node::Inner { keys, kids } => node = &kids[child(keys, key)],
+                Node::Leaf(leaf) => return leaf.find(key).is_some(),
+            }
+        }
+    }
+
     /// Removes `key`; returns its value.
     pub fn remove(&self, key: &[u8]) -> Option<V> {
         let _w = self.writer.lock();
-        let mut root = (*self.root.load_full()).clone();
-        // Absent: nothing is published (the copy with its rebalancing is dropped).
+        let cur = self.root.load_full();
+        // Absent: nothing is copied or published.
+        if !self.contains(&cur, key) {
+            return None;
+        }
+        let mut root = (*cur).clone();
         let old = self.remove_in(&mut root, key)?;
         // A root left with one child gives way to it.
         while let Node::Inner { kids, .. } = &root {
@@ -209,10 +422,15 @@ impl<V: Clone + Send + Sync + 'static> Index<V> {
     fn remove_in(&self, mut node: &mut Node<V>, key: &[u8]) -> Option<V> {
         loop {
             match node {
-                Node::Leaf { keys, vals } => {
-                    let i = keys.binary_search_by(|k| k[..].cmp(key)).ok()?;
-                    keys.remove(i);
-                    return Some(vals.remove(i));
+                Node::Leaf(leaf) => {
+                    leaf.find(key)?;
+                    let mut e = leaf.take();
+                    let i = e
+                        .binary_search_by(|(k, _)| k[..].cmp(key))
+                        .expect("a found key is among the entries");
+                    let (_, old) = e.remove(i);
+                    leaf.put(e);
+                    return Some(old);
                 }
                 Node::Inner { keys, kids } => {
                     let mut i = child(keys, key);
@@ -234,10 +452,12 @@ impl<V: Clone + Send + Sync + 'static> Index<V> {
             let (l, r) = kids.split_at_mut(i);
             let (left, me) = (Arc::make_mut(&mut l[i - 1]), Arc::make_mut(&mut r[0]));
             match (left, me) {
-                (Node::Leaf { keys: lk, vals: lv }, Node::Leaf { keys: mk, vals: mv }) => {
+                (Node::Leaf(left), Node::Leaf(me)) => {
+                    let (mut lk, mut mk) = (left.take(), me.take());
                     mk.insert(0, lk.pop().expect("above minimum"));
-                    mv.insert(0, lv.pop().expect("above minimum"));
-                    keys[i - 1] = mk[0].clone();
+                    keys[i - 1] = mk[0].0.clone();
+                    left.put(lk);
+                    me.put(mk);
                 }
                 (Node::Inner { keys: lk, kids: lc }, Node::Inner { keys: mk, kids: mc }) => {
                     mc.insert(0, lc.pop().expect("above minimum"));
@@ -252,10 +472,12 @@ impl<V: Clone + Send + Sync + 'static> Index<V> {
             let (l, r) = kids.split_at_mut(i + 1);
             let (me, right) = (Arc::make_mut(&mut l[i]), Arc::make_mut(&mut r[0]));
             match (me, right) {
-                (Node::Leaf { keys: mk, vals: mv }, Node::Leaf { keys: rk, vals: rv }) => {
+                (Node::Leaf(me), Node::Leaf(right)) => {
+                    let (mut mk, mut rk) = (me.take(), right.take());
                     mk.push(rk.remove(0));
-                    mv.push(rv.remove(0));
-                    keys[i] = rk[0].clone();
+                    keys[i] = rk[0].0.clone();
+                    me.put(mk);
+                    right.put(rk);
                 }
                 (Node::Inner { keys: mk, kids: mc }, Node::Inner { keys: rk, kids: rc }) => {
                     mc.push(rc.remove(0));
@@ -273,9 +495,10 @@ impl<V: Clone + Send + Sync + 'static> Index<V> {
         let sep = keys.remove(j);
         let right = Arc::try_unwrap(right).unwrap_or_else(|shared| (*shared).clone());
         match (Arc::make_mut(&mut kids[j]), right) {
-            (Node::Leaf { keys: lk, vals: lv }, Node::Leaf { keys: rk, vals: rv }) => {
-                lk.extend(rk);
-                lv.extend(rv);
+            (Node::Leaf(left), Node::Leaf(mut right)) => {
+                let mut lk = left.take();
+                lk.extend(right.take());
+                left.put(lk);
             }
             (Node::Inner { keys: lk, kids: lc }, Node::Inner { keys: rk, kids: rc }) => {
                 lk.push(sep);
@@ -287,12 +510,13 @@ impl<V: Clone + Send + Sync + 'static> Index<V> {
         j
     }
 
-    /// Entries with keys in `(lo, hi)`, ascending, from one snapshot.
+    /// Entries with keys in `(lo, hi)`, ascending (see the module docs for
+    /// what a range sees of concurrent writes).
     pub fn range(&self, lo: Bound<&[u8]>, hi: Bound<&[u8]>) -> Iter<V> {
         Iter::new(self.root.load_full(), lo, hi, false)
     }
 
-    /// Entries with keys in `(lo, hi)`, descending, from one snapshot.
+    /// Entries with keys in `(lo, hi)`, descending.
     pub fn range_rev(&self, lo: Bound<&[u8]>, hi: Bound<&[u8]>) -> Iter<V> {
         Iter::new(self.root.load_full(), lo, hi, true)
     }
@@ -321,9 +545,12 @@ impl<V: Clone + Send + Sync + 'static> Index<V> {
     /// entries, as inserts and removes keep them.
     pub fn from_sorted(order: usize, entries: impl IntoIterator<Item = (Vec<u8>, V)>) -> Index<V> {
         let index = Index::new(order);
-        let (keys, vals): (Vec<Key>, Vec<V>) = entries.into_iter().map(|(k, v)| (Key::from(k), v)).unzip();
-        debug_assert!(keys.windows(2).all(|w| w[0] < w[1]), "from_sorted needs ascending keys");
-        let n = keys.len();
+        let entries: Vec<(Key, V)> = entries.into_iter().map(|(k, v)| (Key::from(k), v)).collect();
+        debug_assert!(
+            entries.windows(2).all(|w| w[0].0 < w[1].0),
+            "from_sorted needs ascending keys"
+        );
+        let n = entries.len();
         if n == 0 {
             return index;
         }
@@ -336,11 +563,11 @@ impl<V: Clone + Send + Sync + 'static> Index<V> {
         };
         // Each level: the nodes and the smallest key under each.
         let mut level: Vec<(Key, Arc<Node<V>>)> = Vec::new();
-        let (mut keys, mut vals) = (keys.into_iter(), vals.into_iter());
+        let mut entries = entries.into_iter();
         for size in split(n) {
-            let lk: Vec<Key> = keys.by_ref().take(size).collect();
-            let lv: Vec<V> = vals.by_ref().take(size).collect();
-            level.push((lk[0].clone(), Arc::new(Node::Leaf { keys: lk, vals: lv })));
+            let le: Vec<(Key, V)> = entries.by_ref().take(size).collect();
+            let first = le[0].0.clone();
+            level.push((first, Arc::new(Node::Leaf(Leaf::new(order, le)))));
         }
         while level.len() > 1 {
             let mut up = Vec::new();
@@ -394,18 +621,24 @@ impl<V: Clone + Send + Sync + 'static> Index<V> {
                 self.order
             ));
         }
-        let keys = match node {
-            Node::Leaf { keys, .. } | Node::Inner { keys, .. } => keys,
+        let keys: Vec<Key> = match node {
+            Node::Leaf(leaf) => {
+                if leaf.cap() != self.order || leaf.sorted > leaf.len() {
+                    return Err(format!("leaf of {} slots at depth {depth}", leaf.cap()));
+                }
+                leaf.entries().into_iter().map(|(k, _)| k).collect()
+            }
+            Node::Inner { keys, .. } => keys.clone(),
         };
         if keys.windows(2).any(|w| w[0] >= w[1]) {
-            return Err(format!("unsorted keys at depth {depth}"));
+            return Err(format!("unsorted or repeated keys at depth {depth}"));
         }
         let outside = |k: &[u8]| lo.is_some_and(|lo| k < lo) || hi.is_some_and(|hi| k >= hi);
         if keys.iter().any(|k| outside(k)) {
             return Err(format!("key outside its separators at depth {depth}"));
         }
         match node {
-            Node::Leaf { .. } => {
+            Node::Leaf(_) => {
                 if *leaf_depth.get_or_insert(depth) != depth {
                     return Err("leaves at different depths".into());
                 }
@@ -444,13 +677,24 @@ fn prefix_end(p: &[u8]) -> Option<Vec<u8>> {
     None
 }
 
-/// An iterator over one snapshot of the index.
+/// The leaf an iterator is in: its entries' slots in key order as they
+/// were when the iterator entered it, and the position in that order: of
+/// the next entry to yield (ascending) or the count still to yield
+/// (descending).
+struct LeafCursor<V> {
+    node: Arc<Node<V>>,
+    order: Vec<usize>,
+    pos: usize,
+}
+
+/// An iterator over the index (see the module docs for what it sees).
 ///
-/// The stack holds the path to the next entry: for a leaf, the position of
-/// the next entry to yield (ascending) or the count of entries still to
-/// yield (descending); for an inner node, likewise for its children.
+/// The stack holds the inner nodes on the path to the next entry, each
+/// with the position of its next child to enter (ascending) or the count
+/// of children still to enter (descending).
 pub struct Iter<V> {
     stack: Vec<(Arc<Node<V>>, usize)>,
+    leaf: Option<LeafCursor<V>>,
     lo: Bound<Vec<u8>>,
     hi: Bound<Vec<u8>>,
     rev: bool,
@@ -460,6 +704,7 @@ impl<V: Clone> Iter<V> {
     fn new(root: Arc<Node<V>>, lo: Bound<&[u8]>, hi: Bound<&[u8]>, rev: bool) -> Iter<V> {
         let mut it = Iter {
             stack: Vec::new(),
+            leaf: None,
             lo: lo.map(<[u8]>::to_vec),
             hi: hi.map(<[u8]>::to_vec),
             rev,
@@ -468,7 +713,7 @@ impl<V: Clone> Iter<V> {
         let mut node = root;
         loop {
             let start = if rev { &it.hi } else { &it.lo };
-            let next = match &*node {
+            let (kid, idx) = match &*node {
                 Node::Inner { keys, kids } => {
                     let i = match (start, rev) {
                         (Bound::Unbounded, false) => 0,
@@ -477,34 +722,50 @@ impl<V: Clone> Iter<V> {
                         (Bound::Included(k), true) => child(keys, k),
                         (Bound::Excluded(k), true) => keys.partition_point(|s| s[..] < k[..]),
                     };
-                    Some((kids[i].clone(), if rev { i } else { i + 1 }))
+                    (kids[i].clone(), if rev { i } else { i + 1 })
                 }
-                Node::Leaf { keys, .. } => {
+                Node::Leaf(leaf) => {
+                    let order = leaf.order();
+                    let key = |i: &usize| &leaf.entry(*i).0[..];
                     let pos = match start {
                         Bound::Unbounded => {
                             if rev {
-                                keys.len()
+                                order.len()
                             } else {
                                 0
                             }
                         }
                         Bound::Included(k) => {
-                            keys.partition_point(|x| if rev { x[..] <= k[..] } else { x[..] < k[..] })
+                            order.partition_point(|i| if rev { key(i) <= &k[..] } else { key(i) < &k[..] })
                         }
                         Bound::Excluded(k) => {
-                            keys.partition_point(|x| if rev { x[..] < k[..] } else { x[..] <= k[..] })
+                            order.partition_point(|i| if rev { key(i) < &k[..] } else { key(i) <= &k[..] })
                         }
                     };
-                    it.stack.push((node.clone(), pos));
-                    None
+                    it.leaf = Some(LeafCursor {
+                        node: node.clone(),
+                        order,
+                        pos,
+                    });
+                    return it;
                 }
             };
-            match next {
-                Some((kid, idx)) => {
-                    it.stack.push((node, idx));
-                    node = kid;
-                }
-                None => return it,
+            it.stack.push((node, idx));
+            node = kid;
+        }
+    }
+
+    /// Enters `node` at its first child or entry in iteration order.
+    fn enter(&mut self, node: Arc<Node<V>>) {
+        match &*node {
+            Node::Leaf(leaf) => {
+                let order = leaf.order();
+                let pos = if self.rev { order.len() } else { 0 };
+                self.leaf = Some(LeafCursor { node, order, pos });
+            }
+            Node::Inner { kids, .. } => {
+                let start = if self.rev { kids.len() } else { 0 };
+                self.stack.push((node, start));
             }
         }
     }
@@ -531,43 +792,43 @@ impl<V: Clone> Iterator for Iter<V> {
 
     fn next(&mut self) -> Option<(Vec<u8>, V)> {
         loop {
-            let (node, idx) = self.stack.last_mut()?;
-            let step = match &**node {
-                Node::Leaf { keys, vals } => {
-                    let i = if self.rev {
-                        idx.checked_sub(1)
-                    } else {
-                        Some(*idx).filter(|&i| i < keys.len())
-                    };
-                    match i {
-                        Some(i) => {
-                            *idx = if self.rev { i } else { i + 1 };
-                            let item = (keys[i].to_vec(), vals[i].clone());
-                            if !self.within_end(&item.0) {
-                                self.stack.clear();
-                                return None;
-                            }
-                            return Some(item);
-                        }
-                        None => None,
+            if let Some(c) = &mut self.leaf {
+                let Node::Leaf(leaf) = &*c.node else {
+                    unreachable!("a leaf cursor is on a leaf")
+                };
+                let i = if self.rev {
+                    c.pos.checked_sub(1)
+                } else {
+                    Some(c.pos).filter(|&i| i < c.order.len())
+                };
+                if let Some(i) = i {
+                    c.pos = if self.rev { i } else { i + 1 };
+                    let (k, v) = leaf.entry(c.order[i]);
+                    let item = (k.to_vec(), v.clone());
+                    if !self.within_end(&item.0) {
+                        self.stack.clear();
+                        self.leaf = None;
+                        return None;
                     }
+                    return Some(item);
                 }
-                Node::Inner { kids, .. } => {
-                    let i = if self.rev {
-                        idx.checked_sub(1)
-                    } else {
-                        Some(*idx).filter(|&i| i < kids.len())
-                    };
-                    i.map(|i| {
-                        *idx = if self.rev { i } else { i + 1 };
-                        let kid = kids[i].clone();
-                        let start = if self.rev { kid.size() } else { 0 };
-                        (kid, start)
-                    })
-                }
+                self.leaf = None;
+            }
+            let (node, idx) = self.stack.last_mut()?;
+            let Node::Inner { kids, .. } = &**node else {
+                unreachable!("the stack holds inner nodes")
             };
-            match step {
-                Some(entry) => self.stack.push(entry),
+            let i = if self.rev {
+                idx.checked_sub(1)
+            } else {
+                Some(*idx).filter(|&i| i < kids.len())
+            };
+            match i {
+                Some(i) => {
+                    *idx = if self.rev { i } else { i + 1 };
+                    let kid = kids[i].clone();
+                    self.enter(kid);
+                }
                 None => {
                     self.stack.pop();
                 }

@@ -240,8 +240,9 @@ impl<S: Space> HashTable<S> {
     /// cleared. Only when the old entry's bucket is full does the new one go
     /// to the other bucket of the probe window; then the old copy is cleared
     /// by a second store, and a crash in between leaves two copies, of which
-    /// readers and recovery take the newer version.
-    pub fn put(&self, key: &[u8], value: &[u8]) -> Result<()> {
+    /// readers and recovery take the newer version. Returns whether the key
+    /// is new (it had no entry).
+    pub fn put(&self, key: &[u8], value: &[u8]) -> Result<bool> {
         if key.len() > MAX_LEN {
             return Err(Error::KeyTooLarge {
                 len: key.len(),
@@ -299,7 +300,7 @@ impl<S: Space> HashTable<S> {
                 st.len += 1;
             }
             self.space.op_boundary();
-            return Ok(());
+            return Ok(found.is_empty());
         }
     }
 

@@ -1,5 +1,5 @@
 //! Tests of the ordered index: against `BTreeMap`, invariants after every
-//! change, snapshots under a concurrent writer, rebuild from the table.
+//! change, ranges under a concurrent writer, rebuild from the table.
 
 use std::collections::BTreeMap;
 use std::ops::Bound;
@@ -110,9 +110,9 @@ fn grows_and_shrinks_back_to_a_leaf() {
 }
 
 #[test]
-fn readers_see_consistent_snapshots_while_a_writer_works() {
+fn readers_see_ordered_whole_entries_while_a_writer_works() {
     let index = Arc::new(Index::new(6));
-    // Readers check what a snapshot guarantees whatever the writer does:
+    // Readers check what a range guarantees whatever the writer does:
     // strictly ascending keys, each with its own value.
     let stop = Arc::new(AtomicBool::new(false));
     let readers: Vec<_> = (0..2)
@@ -122,13 +122,13 @@ fn readers_see_consistent_snapshots_while_a_writer_works() {
                 let mut scans = 0u64;
                 while !stop.load(Ordering::Relaxed) {
                     let snap: Vec<(Vec<u8>, u32)> = index.range(Bound::Unbounded, Bound::Unbounded).collect();
-                    assert!(snap.windows(2).all(|w| w[0].0 < w[1].0), "snapshot out of order");
+                    assert!(snap.windows(2).all(|w| w[0].0 < w[1].0), "range out of order");
                     assert!(
                         snap.iter().all(|(k, v)| k == &v.to_be_bytes()),
                         "value torn from its key"
                     );
                     let rev: Vec<(Vec<u8>, u32)> = index.range_rev(Bound::Unbounded, Bound::Unbounded).collect();
-                    assert!(rev.windows(2).all(|w| w[0].0 > w[1].0), "reverse snapshot out of order");
+                    assert!(rev.windows(2).all(|w| w[0].0 > w[1].0), "reverse range out of order");
                     scans += 1;
                 }
                 scans
@@ -149,6 +149,96 @@ fn readers_see_consistent_snapshots_while_a_writer_works() {
     for r in readers {
         assert!(r.join().expect("reader panicked") > 0);
     }
+    index.check().unwrap();
+}
+
+/// What a range guarantees under a concurrent writer (leaves are read as
+/// they are when entered, so this is weaker than a snapshot): keys in
+/// order, each once, and every key present throughout the range, here the
+/// even keys, which the writer never removes, while it inserts and removes
+/// odd keys around them and so splits, merges and refills the leaves.
+#[test]
+fn ranges_see_every_key_present_throughout_while_a_writer_works() {
+    let index = Arc::new(Index::new(4));
+    let stable: Vec<Vec<u8>> = (0..400u32).map(|i| (2 * i).to_be_bytes().to_vec()).collect();
+    for k in &stable {
+        index.insert(k, 1u32);
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let readers: Vec<_> = (0..2)
+        .map(|r| {
+            let (index, stop, stable) = (index.clone(), stop.clone(), stable.clone());
+            std::thread::spawn(move || {
+                let mut scans = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let lo = stable[(scans as usize * 37 + r) % 100].clone();
+                    let keys: Vec<Vec<u8>> = if scans.is_multiple_of(2) {
+                        index
+                            .range(Bound::Included(&lo), Bound::Unbounded)
+                            .map(|(k, _)| k)
+                            .collect()
+                    } else {
+                        let mut v: Vec<Vec<u8>> = index
+                            .range_rev(Bound::Included(&lo), Bound::Unbounded)
+                            .map(|(k, _)| k)
+                            .collect();
+                        v.reverse();
+                        v
+                    };
+                    assert!(keys.windows(2).all(|w| w[0] < w[1]), "range out of order or repeated");
+                    let evens: Vec<&Vec<u8>> = keys.iter().filter(|k| k[3] % 2 == 0).collect();
+                    let want: Vec<&Vec<u8>> = stable.iter().filter(|k| **k >= lo).collect();
+                    assert_eq!(evens, want, "a key present throughout the range was missed");
+                    scans += 1;
+                }
+                scans
+            })
+        })
+        .collect();
+    for round in 0..30u32 {
+        for i in 0..400u32 {
+            let k = (2 * ((i * 7 + round) % 400) + 1).to_be_bytes();
+            if (i + round) % 3 == 0 {
+                index.remove(&k);
+            } else {
+                index.insert(&k, 2);
+            }
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    for r in readers {
+        assert!(r.join().expect("reader panicked") > 0);
+    }
+    index.check().unwrap();
+}
+
+/// Inserts of new keys mostly append to their leaf: the leaf a key went
+/// into is the one object a later range reads it from, and nodes on the
+/// path are only copied at splits.
+#[test]
+fn inserts_append_in_place_until_a_split() {
+    let index = Index::new(8);
+    for i in 0..4u32 {
+        index.insert(&[i as u8 * 2], i);
+    }
+    let before = index.root.load_full();
+    // Room in the root leaf: the same leaf object takes the key.
+    index.insert(&[3], 9);
+    assert!(Arc::ptr_eq(&before, &index.root.load_full()));
+    let Node::Leaf(leaf) = &*before else {
+        panic!("a root leaf")
+    };
+    assert_eq!((leaf.sorted, leaf.len()), (0, 5));
+    let got: Vec<(Vec<u8>, u32)> = index.range(Bound::Unbounded, Bound::Unbounded).collect();
+    assert_eq!(
+        got,
+        vec![(vec![0], 0), (vec![2], 1), (vec![3], 9), (vec![4], 2), (vec![6], 3)]
+    );
+    // Replacing a value copies the leaf; the old one keeps the old value.
+    assert_eq!(index.insert(&[3], 10), Some(9));
+    assert!(!Arc::ptr_eq(&before, &index.root.load_full()));
+    assert_eq!(leaf.entry(leaf.find(&[3]).unwrap()).1, 9);
+    assert_eq!(index.get(&[3]), Some(10));
     index.check().unwrap();
 }
 

@@ -56,14 +56,13 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
             Goal::Merge if leaf.durable.load(Ordering::Relaxed) >= L::capacity(leaf.size) / 4 => return Ok(false),
             _ => {}
         }
-        // Keep every version a live (or future) snapshot can read.
-        let c = L::collate_leaf(
-            &*self.space,
-            &leaf,
-            Keep::Since(self.clock.oldest()),
-            &RB::Unbounded,
-            &RB::Unbounded,
-        );
+        // Keep every version a live (or future) snapshot can read. A merge
+        // collates its right sibling with the same mark: a later one could
+        // settle an element there newer than one left unsettled here, and
+        // the merged leaf's compact version (the largest settled one) would
+        // then exceed a full element of a key of this leaf.
+        let oldest = self.clock.oldest();
+        let c = L::collate_leaf(&*self.space, &leaf, Keep::Since(oldest), &RB::Unbounded, &RB::Unbounded);
         self.keys_in_bounds(&leaf, &c.valid, &f.low, &f.high)?;
         // The minimal fill factor is half of this leaf's own capacity
         // (NV-Tree §4.4), whatever size adaptivity gave it.
@@ -86,6 +85,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
             goal,
             started,
             guard: &guard,
+            oldest,
         };
         self.apply(rewrite, site, c.valid, c.dropped_blobs, lk)
     }
@@ -107,6 +107,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
             goal,
             started,
             guard,
+            oldest,
         } = site;
         let leaf = &f.leaf;
         let old_next = L::next(&*self.space, leaf.off);
@@ -153,7 +154,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
                 let rc = L::collate_leaf(
                     &*self.space,
                     &r.leaf,
-                    Keep::Since(self.clock.oldest()),
+                    Keep::Since(oldest),
                     &RB::Unbounded,
                     &RB::Unbounded,
                 );
@@ -496,6 +497,8 @@ struct Site<'a, St> {
     goal: Goal<'a>,
     started: Option<Instant>,
     guard: &'a epoch::Guard,
+    /// The oldest-snapshot mark the leaf was collated with.
+    oldest: u64,
 }
 
 /// Decides how to rewrite a leaf whose kept elements are `valid` (key

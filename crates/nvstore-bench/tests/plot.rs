@@ -122,6 +122,7 @@ fn plotting_asym_json_draws_table_3_and_figures_6_and_7() {
             cache_pct,
             delay_us: 0,
             connect: None,
+            partitions: None,
             json: true,
         };
         let mut out = Vec::new();

@@ -19,10 +19,12 @@ use std::cmp::Ordering as Cmp;
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::ops::Bound as RB;
-use std::sync::atomic::{fence, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::collate::{Collated, Keep, Slot};
-use super::leaf::{self, Audit, AuditCtx, Elem, LeafFormat, Newest, Removed, Scan, ValueRef, Written};
+use super::leaf::{
+    self, read_stable, write_visible, Audit, AuditCtx, Elem, LeafFormat, Newest, Removed, Scan, ValueRef, Written,
+};
 use super::mvcc::Clock;
 use super::Leaf;
 use crate::format::element;
@@ -270,30 +272,6 @@ fn moved(leaf: &Leaf<Isle>, kw: u64) -> bool {
     high != u64::MAX && kw >= high
 }
 
-/// Runs `f` as a reader: again until no writer changed the leaf meanwhile.
-fn read_stable<T>(leaf: &Leaf<Isle>, mut f: impl FnMut() -> T) -> T {
-    loop {
-        let s1 = leaf.state.load(Ordering::Acquire);
-        if s1 & 1 == 1 {
-            std::hint::spin_loop();
-            continue;
-        }
-        let r = f();
-        fence(Ordering::Acquire);
-        if leaf.state.load(Ordering::Relaxed) == s1 {
-            return r;
-        }
-    }
-}
-
-/// Writer side of [`read_stable`]: the leaf's sequence word is odd while `f` runs.
-fn write_visible<T>(leaf: &Leaf<Isle>, f: impl FnOnce() -> T) -> T {
-    leaf.state.fetch_add(1, Ordering::AcqRel);
-    let r = f();
-    leaf.state.fetch_add(1, Ordering::Release);
-    r
-}
-
 /// The code word of `line` with that line's byte set to `code`.
 fn with_code(word: u64, leaf: u64, line: u64, code: u8) -> u64 {
     let shift = il::code_shift(leaf, line);
@@ -403,7 +381,7 @@ impl LeafFormat for Isle {
 
     #[inline]
     fn read_settled<T>(leaf: &Leaf<Self>, f: impl FnMut() -> T) -> T {
-        read_stable(leaf, f)
+        read_stable(&leaf.state, f)
     }
 
     /// A write takes one slot (an update of a compact value none, but
@@ -519,7 +497,7 @@ impl LeafFormat for Isle {
         // The element's words are taken only once no writer moved them
         // meanwhile; a blob they name is immutable and stays allocated
         // while the caller's epoch is pinned, so it is read afterwards.
-        read_stable(leaf, || {
+        read_stable(&leaf.state, || {
             if moved(leaf, kw) {
                 return None;
             }
@@ -561,11 +539,14 @@ impl LeafFormat for Isle {
             // The paper's update: one atomic store of the value word.
             let w = clock.begin_write();
             let at = il::c_value(il::line(off, size, o.line), o.slot);
-            write_visible(leaf, || {
-                s.store(at, inline_value_word(value));
-                s.flush(at, 8, points::ISLE_VALUE_FLUSH);
-                s.fence(points::ISLE_VALUE_FENCE);
-            });
+            leaf::store_in_place(
+                s,
+                &leaf.state,
+                at,
+                inline_value_word(value),
+                points::ISLE_VALUE_FLUSH,
+                points::ISLE_VALUE_FENCE,
+            );
             drop(w);
             return Written::Done {
                 inserted: false,
@@ -621,7 +602,7 @@ impl LeafFormat for Isle {
             }
             m => m,
         };
-        write_visible(leaf, || {
+        write_visible(&leaf.state, || {
             publish_codes(s, word_off, word);
             if let Some((ol, oc)) = elsewhere {
                 // The old pair's code lives in another word: drop it there too.
@@ -657,7 +638,7 @@ impl LeafFormat for Isle {
         let oc = without(cs[o.line as usize], |x| x == o.slot);
         let word_off = il::code_word(off, o.line);
         let w = clock.begin_write();
-        write_visible(leaf, || {
+        write_visible(&leaf.state, || {
             publish_codes(s, word_off, with_code(s.load(word_off), off, o.line, oc))
         });
         drop(w);
@@ -667,7 +648,7 @@ impl LeafFormat for Isle {
 
     fn collate_leaf<S: Space>(s: &S, leaf: &Leaf<Isle>, _keep: Keep, lo: &RB<Vec<u8>>, hi: &RB<Vec<u8>>) -> Collated {
         let bounded = !matches!((lo, hi), (RB::Unbounded, RB::Unbounded));
-        let mut valid: Vec<Slot> = read_stable(leaf, || {
+        let mut valid: Vec<Slot> = read_stable(&leaf.state, || {
             slots(s, leaf.off, leaf.size)
                 .into_iter()
                 .map(|(_, x)| x)
@@ -703,7 +684,7 @@ impl LeafFormat for Isle {
         // Then the codes forget them, so their slots are free again.
         let bound = right[0].words[0];
         let cs = codes(s, off, size);
-        write_visible(leaf, || {
+        write_visible(&leaf.state, || {
             let (mut first, mut last) = (u64::MAX, 0);
             for (line, &c) in cs.iter().enumerate() {
                 let line = line as u64;

@@ -5,13 +5,14 @@
 //! is made durable and published, and how a new leaf is built for a split.
 
 use std::ops::Bound as RB;
+use std::sync::atomic::{fence, AtomicU64, Ordering};
 
 use super::collate::{Collated, Keep, Slot};
 use super::mvcc::Clock;
 use super::Leaf;
 use crate::format::leaf_nv::{self as nv, Meta};
 use crate::format::validate::Damage;
-use crate::pmem::Space;
+use crate::pmem::{Point, Space};
 
 /// One element as stored: its full key (loaded) and its raw words.
 #[derive(Clone, Debug)]
@@ -321,4 +322,44 @@ pub struct Audit {
 /// A key for messages.
 pub fn show(k: &[u8]) -> String {
     String::from_utf8_lossy(k).into_owned()
+}
+
+/// Reader side of a leaf's in-place change sequence (a DRAM word, odd while
+/// a writer changes published words in place): runs `f` again until no
+/// writer changed the leaf meanwhile, so a reader never returns a word a
+/// crash could still lose.
+#[inline]
+pub(super) fn read_stable<T>(seq: &AtomicU64, mut f: impl FnMut() -> T) -> T {
+    loop {
+        let s1 = seq.load(Ordering::Acquire);
+        if s1 & 1 == 1 {
+            std::hint::spin_loop();
+            continue;
+        }
+        let r = f();
+        fence(Ordering::Acquire);
+        if seq.load(Ordering::Relaxed) == s1 {
+            return r;
+        }
+    }
+}
+
+/// Writer side of [`read_stable`]: the sequence word is odd while `f` runs.
+#[inline]
+pub(super) fn write_visible<T>(seq: &AtomicU64, f: impl FnOnce() -> T) -> T {
+    seq.fetch_add(1, Ordering::AcqRel);
+    let r = f();
+    seq.fetch_add(1, Ordering::Release);
+    r
+}
+
+/// Replaces the published word at `at` in place: stored, flushed and fenced
+/// while the sequence word is odd (one failure-atomic 8-byte store).
+#[inline]
+pub(super) fn store_in_place<S: Space>(s: &S, seq: &AtomicU64, at: u64, word: u64, flush: Point, fence: Point) {
+    write_visible(seq, || {
+        s.store(at, word);
+        s.flush(at, 8, flush);
+        s.fence(fence);
+    });
 }

@@ -3,11 +3,14 @@
 
 use std::collections::HashMap;
 use std::ops::Bound as RB;
-use std::sync::atomic::{fence, Ordering};
+use std::sync::atomic::Ordering;
 
 use super::collate::{collate, collate_in, Collated, Keep, Slot};
-use super::hints::{cached_layout, element_lookup_word, fingerprint, hints, lookup_word, KeyTable, NvState};
-use super::leaf::{show, Audit, AuditCtx, Elem, LeafFormat, Lookup, Newest, Removed, Scan, ValueRef, Written};
+use super::hints::{cached_layout, element_lookup_word, fingerprint, hints, lookup_word, Hints, KeyTable, NvState};
+use super::leaf::{
+    read_stable, show, store_in_place, Audit, AuditCtx, Elem, LeafFormat, Lookup, Newest, Removed, Scan, ValueRef,
+    Written,
+};
 use super::mvcc::Clock;
 use super::Leaf;
 use crate::format::blob;
@@ -102,35 +105,6 @@ fn newest_by_table<S: Space>(
     full_match(s, layout, i, key, kw, at).map(Some)
 }
 
-/// Runs `f` as a reader: again until no compact value was replaced in
-/// place meanwhile (the writer's sequence word is odd while it stores,
-/// flushes and fences, so a reader never returns a value a crash could
-/// still lose).
-#[inline]
-fn read_stable<T>(leaf: &Leaf<Nv>, mut f: impl FnMut() -> T) -> T {
-    loop {
-        let s1 = leaf.state.seq.load(Ordering::Acquire);
-        if s1 & 1 == 1 {
-            std::hint::spin_loop();
-            continue;
-        }
-        let r = f();
-        fence(Ordering::Acquire);
-        if leaf.state.seq.load(Ordering::Relaxed) == s1 {
-            return r;
-        }
-    }
-}
-
-/// Writer side of [`read_stable`]: the sequence word is odd while `f` runs.
-#[inline]
-fn write_visible<T>(leaf: &Leaf<Nv>, f: impl FnOnce() -> T) -> T {
-    leaf.state.seq.fetch_add(1, Ordering::AcqRel);
-    let r = f();
-    leaf.state.seq.fetch_add(1, Ordering::Release);
-    r
-}
-
 /// Compact entry `i` as the newest for `key` (key word `kw`) at `at`: the
 /// prefix holds only 8-byte keys, one entry per key, all at one version.
 #[inline]
@@ -145,8 +119,7 @@ fn compact_match<S: Space>(s: &S, layout: &Layout, i: u64, key: &[u8], kw: u64, 
 
 /// [`LeafFormat::newest`] as the leaf's words say.
 #[inline]
-fn newest_in<S: Space>(s: &S, leaf: &Leaf<Nv>, n: u64, key: &[u8], at: u64) -> Option<Newest> {
-    let h = hints(s, leaf);
+fn newest_in<S: Space>(s: &S, leaf: &Leaf<Nv>, h: &Hints, n: u64, key: &[u8], at: u64) -> Option<Newest> {
     let kw = nv::key_word(key);
     let lw = lookup_word(key);
     let fk = fingerprint(lw);
@@ -207,8 +180,9 @@ impl LeafFormat for Nv {
     }
 
     fn newest<S: Space>(s: &S, leaf: &Leaf<Nv>, n: u64, key: &[u8], at: u64) -> Option<Newest> {
-        let mut found = newest_in(s, leaf, n, key, at)?;
-        if found.index < hints(s, leaf).compact {
+        let h = hints(s, leaf);
+        let mut found = newest_in(s, leaf, h, n, key, at)?;
+        if found.index < h.compact {
             // A compact entry keeps the prefix's version when its value is
             // replaced in place; the write's timestamp is remembered for the
             // leaf in DRAM, so a watch or a conflict check still sees a
@@ -389,9 +363,11 @@ impl LeafFormat for Nv {
 
     fn read_ref<S: Space>(s: &S, leaf: &Leaf<Nv>, key: &[u8], at: u64) -> Option<Option<ValueRef>> {
         let n = leaf.durable.load(Ordering::Acquire);
-        Some(read_stable(leaf, || match Self::lookup_at(s, leaf, n, key, at) {
-            Lookup::Present(i) => Some(ValueRef::of(s, &cached_layout(s, leaf).words(s, i))),
-            Lookup::Absent => None,
+        Some(read_stable(&leaf.state.seq, || {
+            match Self::lookup_at(s, leaf, n, key, at) {
+                Lookup::Present(i) => Some(ValueRef::of(s, &cached_layout(s, leaf).words(s, i))),
+                Lookup::Absent => None,
+            }
         }))
     }
 
@@ -434,11 +410,14 @@ impl LeafFormat for Nv {
             if clock.quiet(&w) {
                 let at = layout.compact_value_word(i);
                 leaf.state.in_place.fetch_max(w.ts, Ordering::AcqRel);
-                write_visible(leaf, || {
-                    s.store(at, inline_value_word(value));
-                    s.flush(at, 8, points::NV_COMPACT_FLUSH);
-                    s.fence(points::NV_COMPACT_FENCE);
-                });
+                store_in_place(
+                    s,
+                    &leaf.state.seq,
+                    at,
+                    inline_value_word(value),
+                    points::NV_COMPACT_FLUSH,
+                    points::NV_COMPACT_FENCE,
+                );
                 drop(w);
                 return Written::Done {
                     inserted: false,
@@ -486,11 +465,11 @@ impl LeafFormat for Nv {
 
     fn collate_leaf<S: Space>(s: &S, leaf: &Leaf<Nv>, keep: Keep, lo: &RB<Vec<u8>>, hi: &RB<Vec<u8>>) -> Collated {
         let n = leaf.durable.load(Ordering::Acquire);
-        read_stable(leaf, || collate_in(s, leaf.off, n, keep, lo, hi))
+        read_stable(&leaf.state.seq, || collate_in(s, leaf.off, n, keep, lo, hi))
     }
 
     fn read_settled<T>(leaf: &Leaf<Self>, f: impl FnMut() -> T) -> T {
-        read_stable(leaf, f)
+        read_stable(&leaf.state.seq, f)
     }
 
     fn has_room<S: Space>(_s: &S, leaf: &Leaf<Nv>, need: u64) -> bool {

@@ -78,25 +78,19 @@ impl<St> Clone for Entry<St> {
     }
 }
 
-/// What routing reads of one PLN entry: its bound's prefix word and its
-/// leaf, side by side, so the binary search's last line also holds the
-/// leaf handle (no second array to miss on).
-pub struct Slot<St> {
-    word: u64,
-    leaf: Arc<LeafRef<St>>,
-}
-
-/// Slots kept inside the PLN's own allocation: a PLN right after a rebuild
-/// holds `PLN_FILL` entries, so most routings read the PLN's header and
-/// slots from adjacent lines.
-const INLINE_SLOTS: usize = 8;
+/// Slots kept inside the PLN's own allocation: up to `PLN_CAPACITY`, the
+/// limit of every PLN but a hot-write one, so routing reads the PLN's words
+/// and leaf handle without following a pointer to a spilled array.
+const INLINE_SLOTS: usize = PLN_CAPACITY;
 
 /// A parent of leaves: immutable, replaced whole.
 pub struct Pln<St> {
+    /// The entries' bounds as prefix words, side by side so routing counts
+    /// them in one pass; it reads a full key (a pointer away) only on a tie.
+    words: SmallVec<[u64; INLINE_SLOTS]>,
+    /// The entries' leaves, in the same order: what routing hands on.
+    leaves: SmallVec<[Arc<LeafRef<St>>; INLINE_SLOTS]>,
     pub entries: Vec<Entry<St>>,
-    /// The entries' bounds as prefix words with their leaves, so routing
-    /// compares words and reads a full key (a pointer away) only on a tie.
-    slots: SmallVec<[Slot<St>; INLINE_SLOTS]>,
     /// Entries it may hold before the index is rebuilt: the index's
     /// `pln_limit`, more for a hot-write PLN (NV-Tree §5.5).
     pub limit: usize,
@@ -104,60 +98,41 @@ pub struct Pln<St> {
 
 impl<St> Pln<St> {
     pub fn new(entries: Vec<Entry<St>>, limit: usize) -> Self {
-        let slots = entries
-            .iter()
-            .map(|e| Slot {
-                word: bound_word(&e.max),
-                leaf: e.leaf.clone(),
-            })
-            .collect();
-        Pln { entries, slots, limit }
+        Pln {
+            words: entries.iter().map(|e| bound_word(&e.max)).collect(),
+            leaves: entries.iter().map(|e| e.leaf.clone()).collect(),
+            entries,
+            limit,
+        }
     }
 
     /// The first entry whose bound is >= key (> key when `strict`).
     #[inline]
     fn position(&self, key: &[u8], kw: u64, strict: bool) -> usize {
-        first_covering(
-            self.slots.len(),
-            |i| self.slots[i].word,
-            kw,
-            strict,
-            |i| self.entries[i].max.cmp_key(key),
-        )
+        first_covering(&self.words, kw, strict, |i| self.entries[i].max.cmp_key(key))
     }
 }
 
-/// Binary search over `n` bounds whose prefix words `word(i)` are in order
-/// for the first bound >= the key whose prefix word is `kw` (> with
-/// `strict`); `full(i)` orders bound `i` against the whole key, asked only
-/// on a tie.
+/// The first of the `words.len()` bounds whose prefix words `words` are in
+/// order that is >= the key whose prefix word is `kw` (> with `strict`);
+/// `full(i)` orders bound `i` against the whole key, asked only on a tie.
+///
+/// A count of the words below `kw` rather than a binary search: the loads
+/// of every line of the node are independent, so they are in flight at
+/// once (one cache miss's latency instead of one per halving), the compares
+/// carry no unpredictable branches, and the count vectorises.
 #[inline]
-fn first_covering(
-    n: usize,
-    word: impl Fn(usize) -> u64,
-    kw: u64,
-    strict: bool,
-    full: impl Fn(usize) -> Ordering,
-) -> usize {
-    let (mut lo, mut hi) = (0usize, n);
-    while lo < hi {
-        let mid = (lo + hi) / 2;
-        let below = match word(mid).cmp(&kw) {
-            Ordering::Less => true,
-            Ordering::Greater => false,
-            Ordering::Equal => match full(mid) {
-                Ordering::Less => true,
-                Ordering::Equal => strict,
-                Ordering::Greater => false,
-            },
-        };
-        if below {
-            lo = mid + 1;
-        } else {
-            hi = mid;
+fn first_covering(words: &[u64], kw: u64, strict: bool, full: impl Fn(usize) -> Ordering) -> usize {
+    let mut i = words.iter().filter(|&&w| w < kw).count();
+    // Bounds sharing the key's word are ordered by their whole keys.
+    while i < words.len() && words[i] == kw {
+        match full(i) {
+            Ordering::Less => i += 1,
+            Ordering::Equal if strict => i += 1,
+            _ => break,
         }
     }
-    lo
+    i
 }
 
 /// A leaf found by routing, with the range of keys it covers.
@@ -345,7 +320,7 @@ impl<St> Index<St> {
         while id < self.inner_nodes {
             let keys = &self.keys[id * (FANOUT - 1)..];
             let words = &self.words[id].0;
-            let lo = first_covering(words.len(), |i| words[i], kw, strict, |i| keys[i].cmp_key(key));
+            let lo = first_covering(words, kw, strict, |i| keys[i].cmp_key(key));
             id = id * FANOUT + 1 + lo;
         }
         id - self.inner_nodes
@@ -373,8 +348,8 @@ impl<St> Index<St> {
         loop {
             let pln = self.plns[p].load();
             let pos = pln.position(key, kw, false);
-            if let Some(s) = pln.slots.get(pos) {
-                return f(&s.leaf);
+            if let Some(leaf) = pln.leaves.get(pos) {
+                return f(leaf);
             }
             if p + 1 >= self.used_plns {
                 return f(&self.find_last().leaf);
@@ -518,7 +493,7 @@ mod tests {
                 for kw in 0..62 {
                     for rest in 0..6 {
                         for strict in [false, true] {
-                            let got = first_covering(words.len(), |i| words[i], kw, strict, |i| b[i].1.cmp(&rest));
+                            let got = first_covering(&words, kw, strict, |i| b[i].1.cmp(&rest));
                             let want = b
                                 .iter()
                                 .position(|&e| if strict { e > (kw, rest) } else { e >= (kw, rest) })

@@ -285,7 +285,7 @@ fn load_saved<S: Space, L: LeafFormat>(
             if size < leaf_nv::MIN_SIZE
                 || !size.is_multiple_of(LINE)
                 || size > pool - off
-                || count > L::capacity(size)
+                || count > L::max_count(size)
                 || !L::layout_ok(s, off, size, count)
             {
                 return None;

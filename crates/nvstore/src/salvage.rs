@@ -249,7 +249,7 @@ fn read_nv<S: Space>(
         rep.note(format!("leaf {off}: no usable size"));
         return;
     };
-    let cap = nv::capacity(size);
+    let cap = nv::max_count(size);
     let mut count = s.load(NvLeaf::at(off).count_word());
     if count > cap {
         rep.note(format!(
@@ -271,7 +271,7 @@ fn read_nv<S: Space>(
     // clean shutdown only: after a crash its valid elements go further.
     let stamp = s.load(NvLeaf::at(off).stamp_word());
     if stamp != 0 {
-        count = count.max(nv::valid_end(s, &layout, stamp, cap));
+        count = count.max(nv::valid_end(s, &layout, stamp, nv::capacity_at(size, layout.compact)));
     }
     for i in 0..count {
         let words = layout.words(s, i);

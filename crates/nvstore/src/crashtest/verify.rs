@@ -330,7 +330,7 @@ pub(super) fn verify(env: &Env, db: &Db<Probe>, allowed: &Allowed, job: &CheckJo
 pub(super) fn leaves_sane(db: &Db<Probe>) -> std::result::Result<(), String> {
     let pool = db.space().size();
     let capacity = match db.leaf_format() {
-        LeafKind::Nv => leaf_nv::capacity,
+        LeafKind::Nv => leaf_nv::max_count,
         LeafKind::Isle => crate::format::leaf_isle::capacity,
     };
     for (off, size, n) in db.index_leaves() {

@@ -41,8 +41,12 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"NVSTPOOL");
 /// those counts and reject their check bits, so the same upgrade raises a
 /// version 1 or 2 pool to 3 before this build appends to it. Its unsealed
 /// leaves keep the count protocol until a split, replace or merge rewrites
-/// them sealed.
-pub const VERSION: u32 = 3;
+/// them sealed. Version 4 marks pools whose nv leaves may hold more
+/// elements than a leaf without a compact prefix does (the bytes the prefix
+/// saves take appends: `leaf_nv::capacity_at`); a version-3 build would
+/// report such a leaf's count as beyond its capacity, so the upgrade raises
+/// older pools to 4 before this build appends to them.
+pub const VERSION: u32 = 4;
 /// The oldest format this build opens.
 pub const OLDEST_READABLE: u32 = 1;
 

@@ -72,9 +72,11 @@
 //!   the prefix existed (which open unchanged). A split halves the bytes it
 //!   copies: 16 instead of 32 per kept element.
 //! - Full elements start at the first 32-byte boundary after the prefix, so
-//!   an appended element never straddles a cache line. [`capacity`] holds
-//!   whatever the prefix length: the 16 bytes each compact entry saves pay
-//!   for the alignment gap.
+//!   an appended element never straddles a cache line. A leaf holds
+//!   [`capacity_at`] elements: its compact entries and the full elements
+//!   that fit after them, at least [`capacity`] (the count with no prefix)
+//!   whatever the prefix length. Format-3 leaves never held more than
+//!   [`capacity`]; format 4 lets the bytes the prefix saves take appends.
 //! - `TXN` marks an element of a transaction that spans several leaves: it
 //!   counts only once the header's `txn_commit` word is `>= version`. Such a
 //!   transaction holds every leaf it appends to until its commit record is
@@ -132,6 +134,33 @@ pub const MIN_SIZE: u64 = 3 * LINE;
 /// Elements a leaf of `size` bytes holds.
 pub const fn capacity(size: u64) -> u64 {
     (size - ELEMS_OFF) / ELEM_SIZE
+}
+
+/// The most elements any leaf of `size` bytes can hold: every one a
+/// compact entry. A bound for words read from media before the prefix
+/// length is known; [`Layout::valid`] then checks against [`capacity_at`].
+#[inline]
+pub const fn max_count(size: u64) -> u64 {
+    (size - ELEMS_OFF) / COMPACT_SIZE
+}
+
+/// Elements a leaf of `size` bytes holds when its prefix has `compact`
+/// entries: those, and as many full elements as fit after them. Each
+/// compact entry takes half a full element's bytes, so a leaf built with a
+/// prefix takes more appends before it is full than [`capacity`] (its
+/// count with no prefix) says: a 1 KB leaf split into halves of 15 keys
+/// takes 22 more instead of 15 (format 4; a format-3 leaf never held more
+/// than [`capacity`]). 0 when the prefix alone would not fit.
+#[inline]
+pub const fn capacity_at(size: u64, compact: u64) -> u64 {
+    if compact > size / COMPACT_SIZE {
+        return 0;
+    }
+    let start = full_start(compact);
+    if start > size {
+        return 0;
+    }
+    compact + (size - start) / ELEM_SIZE
 }
 
 /// The header words of the leaf at an offset, by name: callers reach them
@@ -262,7 +291,9 @@ impl Layout {
     /// Whether the prefix fits a leaf of `size` bytes holding `count`
     /// elements (for recovery and `check`: words read from a damaged pool).
     pub fn valid(&self, size: u64, count: u64) -> bool {
-        self.compact <= count && count <= capacity(size) && (self.compact == 0 || self.compact_version <= VERSION_MASK)
+        self.compact <= count
+            && count <= capacity_at(size, self.compact)
+            && (self.compact == 0 || self.compact_version <= VERSION_MASK)
     }
 
     /// Offset of full element `i` (`i >= compact`).
@@ -651,6 +682,15 @@ mod tests {
                 assert!(end <= size, "size {size}, compact {compact}: ends at {end}");
                 assert_eq!(full_start(compact) % ELEM_SIZE, 0);
             }
+            // Format 4: the bytes the prefix saves hold more full elements,
+            // never past the leaf's end.
+            for compact in 0..=(size - ELEMS_OFF) / COMPACT_SIZE {
+                let at = capacity_at(size, compact);
+                assert!(at >= cap.max(compact), "size {size}, compact {compact}");
+                assert!(full_start(compact) + (at - compact) * ELEM_SIZE <= size);
+                assert!(full_start(compact) + (at - compact + 1) * ELEM_SIZE > size);
+            }
+            assert_eq!(capacity_at(size, u64::MAX), 0);
         }
         let m = Meta::decode(compact_meta(77)).unwrap();
         assert_eq!(

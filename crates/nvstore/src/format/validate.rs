@@ -81,10 +81,10 @@ pub fn nv_leaf<S: Space>(s: &S, off: u64, data_start: u64) -> Checked<(u64, u64)
     let size = s.read_u64(off + nv::SIZE_OFF);
     size_ok(off, size, nv::MIN_SIZE, pool)?;
     let count = s.read_u64(off + nv::COUNT_OFF);
-    if count > nv::capacity(size) {
+    if count > nv::max_count(size) {
         return Err(Damage::at(
             off,
-            format!("leaf {off} count {count} exceeds capacity {}", nv::capacity(size)),
+            format!("leaf {off} count {count} exceeds capacity {}", nv::max_count(size)),
         ));
     }
     let layout = Layout::read(s, off);
@@ -104,7 +104,7 @@ pub fn nv_leaf<S: Space>(s: &S, off: u64, data_start: u64) -> Checked<(u64, u64)
     let count = if stamp == 0 {
         count
     } else {
-        nv::valid_end(s, &layout, stamp, nv::capacity(size))
+        nv::valid_end(s, &layout, stamp, nv::capacity_at(size, layout.compact))
     };
     for i in layout.compact..count {
         let at = layout.elem(i);
@@ -201,10 +201,15 @@ mod tests {
     fn nv_count_beyond_capacity() {
         let s = space();
         nv_leaf_with_blob(&s, DATA, DATA + 2048);
-        s.store(DATA + nv::COUNT_OFF, 31);
+        // More elements than any layout of the leaf holds.
+        s.store(DATA + nv::COUNT_OFF, nv::max_count(1024) + 1);
         let d = nv_leaf(&s, DATA, DATA).unwrap_err();
         assert_eq!(d.off, DATA);
         assert!(d.what.contains("exceeds capacity"), "{}", d.what);
+        // More than its layout (no compact prefix) holds.
+        s.store(DATA + nv::COUNT_OFF, nv::capacity(1024) + 1);
+        let d = nv_leaf(&s, DATA, DATA).unwrap_err();
+        assert_eq!(d.off, DATA);
     }
 
     #[test]

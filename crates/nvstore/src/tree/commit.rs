@@ -173,7 +173,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
                         self.stats.conflicts.fetch_add(1, Ordering::Relaxed);
                         return Err(Error::Conflict);
                     }
-                    if n + p.need <= L::capacity(leaf.size) {
+                    if n + p.need <= L::room(&*self.space, &leaf) {
                         let w = self.clock.begin_write();
                         let elems = self.elements(&p.plan, &wkeys, &values, &blobs, w.ts, false);
                         if !elems.is_empty() {
@@ -225,7 +225,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
                 } = self.plan_leaf(leaf, n, ks, &keys, &values, start);
                 conflict |= c;
                 delta += d;
-                if n + need > L::capacity(leaf.size) && room.is_none() {
+                if n + need > L::room(&*self.space, leaf) && room.is_none() {
                     let cut = (need > L::capacity(leaf.size) / 2 && needy.len() > 1)
                         .then(|| needy[needy.len() / 2 - 1].to_vec());
                     room = Some((needy[0].to_vec(), need, cut));

@@ -117,13 +117,24 @@ impl<St> Pln<St> {
 /// order that is >= the key whose prefix word is `kw` (> with `strict`);
 /// `full(i)` orders bound `i` against the whole key, asked only on a tie.
 ///
-/// A count of the words below `kw` rather than a binary search: the loads
-/// of every line of the node are independent, so they are in flight at
-/// once (one cache miss's latency instead of one per halving), the compares
-/// carry no unpredictable branches, and the count vectorises.
+/// Halvings narrow a long run (a PLN grown past its build size) to at
+/// most [`COUNT_RUN`] words, which are then counted rather than searched:
+/// the loads of a run's lines are independent, so they are in flight at
+/// once (one cache miss's latency instead of one per halving), the
+/// compares carry no unpredictable branches, and the count vectorises.
 #[inline]
 fn first_covering(words: &[u64], kw: u64, strict: bool, full: impl Fn(usize) -> Ordering) -> usize {
-    let mut i = words.iter().filter(|&&w| w < kw).count();
+    let (mut lo, mut hi) = (0, words.len());
+    while hi - lo > COUNT_RUN {
+        let mid = (lo + hi) / 2;
+        match words[mid].cmp(&kw) {
+            Ordering::Less => lo = mid + 1,
+            Ordering::Greater => hi = mid + 1,
+            // A tie may sit on either side of the key: count from here.
+            Ordering::Equal => break,
+        }
+    }
+    let mut i = lo + words[lo..hi].iter().filter(|&&w| w < kw).count();
     // Bounds sharing the key's word are ordered by their whole keys.
     while i < words.len() && words[i] == kw {
         match full(i) {
@@ -134,6 +145,10 @@ fn first_covering(words: &[u64], kw: u64, strict: bool, full: impl Fn(usize) -> 
     }
     i
 }
+
+/// Words [`first_covering`] counts in one pass: an IN node's keys, eight
+/// lines.
+const COUNT_RUN: usize = FANOUT - 1;
 
 /// A leaf found by routing, with the range of keys it covers.
 pub struct Found<St> {
@@ -485,7 +500,7 @@ mod tests {
             x ^= x << 17;
             x % m
         };
-        for n in [0usize, 1, 2, 3, 7, 31, 64, 65, 200] {
+        for n in [0usize, 1, 2, 3, 7, 31, 64, 65, 200, 300] {
             for _ in 0..50 {
                 let mut b: Vec<(u64, u64)> = (0..n).map(|_| (rnd(6) * 10, rnd(5))).collect();
                 b.sort_unstable();

@@ -105,8 +105,20 @@ pub trait LeafFormat: Send + Sync + 'static {
         f()
     }
 
-    /// Elements a leaf of `size` bytes holds.
+    /// Elements a leaf of `size` bytes holds (the split and merge
+    /// thresholds are fractions of it).
     fn capacity(size: u64) -> u64;
+    /// The most elements a leaf of `size` bytes may hold in any layout: a
+    /// bound on counts read from media. [`LeafFormat::capacity`] unless
+    /// the format packs some elements tighter.
+    fn max_count(size: u64) -> u64 {
+        Self::capacity(size)
+    }
+    /// Elements this leaf holds before it is full: its layout may hold more
+    /// than [`LeafFormat::capacity`] (nv: a compact prefix).
+    fn room<S: Space>(_s: &S, leaf: &Leaf<Self>) -> u64 {
+        Self::capacity(leaf.size)
+    }
     /// Published element count (persistent).
     fn count<S: Space>(s: &S, leaf: u64) -> u64;
     fn next<S: Space>(s: &S, leaf: u64) -> u64;

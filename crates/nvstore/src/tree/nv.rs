@@ -149,6 +149,44 @@ fn newest_in<S: Space>(s: &S, leaf: &Leaf<Nv>, h: &Hints, n: u64, key: &[u8], at
     found
 }
 
+/// Which of `elems` (key order, a key's versions adjacent, a settled
+/// element first among them) a new leaf stores in its compact prefix, and
+/// how many: settled elements with 8-byte keys and values, one per key, so
+/// the prefix comes out in strictly increasing key order, each before the
+/// key's full elements (version order kept).
+fn prefix_plan(elems: &[Slot]) -> (Vec<bool>, u64) {
+    let fits: Vec<bool> = {
+        let mut last = None;
+        elems
+            .iter()
+            .map(|e| {
+                let fits = e.settled
+                    && e.long_key.is_none()
+                    && nv::compactable(&e.words)
+                    && last.is_none_or(|w| w < e.words[0]);
+                if fits {
+                    last = Some(e.words[0]);
+                }
+                fits
+            })
+            .collect()
+    };
+    // An update appends two elements: when they start on a line, they
+    // flush one line instead of two. The first append goes where the
+    // built elements end, so if that is mid-line, the last one or two
+    // compact candidates are stored full instead (moving one shifts
+    // the end by half a line when the prefix has an even number of
+    // entries; two otherwise). Every later update keeps the alignment.
+    let candidates = fits.iter().filter(|&&f| f).count() as u64;
+    let full_count = elems.len() as u64 - candidates;
+    let end = |c: u64| nv::full_start(c) + (full_count + candidates - c) * nv::ELEM_SIZE;
+    let keep = [candidates, candidates.saturating_sub(1), candidates.saturating_sub(2)]
+        .into_iter()
+        .find(|&c| end(c) % LINE == 0)
+        .unwrap_or(candidates);
+    (fits, keep)
+}
+
 impl LeafFormat for Nv {
     type State = NvState;
 
@@ -157,6 +195,14 @@ impl LeafFormat for Nv {
     #[inline]
     fn capacity(size: u64) -> u64 {
         nv::capacity(size)
+    }
+    #[inline]
+    fn max_count(size: u64) -> u64 {
+        nv::max_count(size)
+    }
+    #[inline]
+    fn room<S: Space>(s: &S, leaf: &Leaf<Nv>) -> u64 {
+        nv::capacity_at(leaf.size, hints(s, leaf).compact)
     }
     #[inline]
     fn count<S: Space>(s: &S, leaf: u64) -> u64 {
@@ -277,42 +323,14 @@ impl LeafFormat for Nv {
         );
     }
 
+    fn fits(size: u64, elems: &[Slot], extra: u64) -> bool {
+        let (_, keep) = prefix_plan(elems);
+        elems.len() as u64 + extra <= nv::capacity_at(size, keep)
+    }
+
     fn build<S: Space>(s: &S, leaf: u64, size: u64, next: u64, elems: &[Slot]) {
-        assert!(elems.len() as u64 <= nv::capacity(size));
-        // Settled elements with 8-byte keys and values go to the compact
-        // prefix. `elems` is in key order with a key's versions adjacent
-        // and a settled element first among them, so the prefix comes out
-        // in strictly increasing key order, one entry per key, each before
-        // the key's full elements (version order kept).
-        let fits: Vec<bool> = {
-            let mut last = None;
-            elems
-                .iter()
-                .map(|e| {
-                    let fits = e.settled
-                        && e.long_key.is_none()
-                        && nv::compactable(&e.words)
-                        && last.is_none_or(|w| w < e.words[0]);
-                    if fits {
-                        last = Some(e.words[0]);
-                    }
-                    fits
-                })
-                .collect()
-        };
-        // An update appends two elements: when they start on a line, they
-        // flush one line instead of two. The first append goes where the
-        // built elements end, so if that is mid-line, the last one or two
-        // compact candidates are stored full instead (moving one shifts
-        // the end by half a line when the prefix has an even number of
-        // entries; two otherwise). Every later update keeps the alignment.
-        let candidates = fits.iter().filter(|&&f| f).count() as u64;
-        let full_count = elems.len() as u64 - candidates;
-        let end = |c: u64| nv::full_start(c) + (full_count + candidates - c) * nv::ELEM_SIZE;
-        let keep = [candidates, candidates.saturating_sub(1), candidates.saturating_sub(2)]
-            .into_iter()
-            .find(|&c| end(c) % LINE == 0)
-            .unwrap_or(candidates);
+        let (fits, keep) = prefix_plan(elems);
+        assert!(elems.len() as u64 <= nv::capacity_at(size, keep));
         let mut compact: Vec<&Slot> = Vec::with_capacity(keep as usize);
         let mut full: Vec<&Slot> = Vec::with_capacity(elems.len() - keep as usize);
         for (e, &fit) in elems.iter().zip(&fits) {
@@ -382,9 +400,10 @@ impl LeafFormat for Nv {
     ) -> Written {
         let n = leaf.durable.load(Ordering::Relaxed);
         let layout = cached_layout(s, leaf);
+        let room = nv::capacity_at(leaf.size, layout.compact);
         // The lines the append will write (the next element's and the
         // count's) are fetched while the lookup runs.
-        if n < Self::capacity(leaf.size) {
+        if n < room {
             s.prefetch_write(layout.elem(n));
         }
         s.prefetch_write(NvLeaf::at(leaf.off).count_word());
@@ -426,7 +445,7 @@ impl LeafFormat for Nv {
             }
         }
         let present = present.is_some();
-        if n + 1 > Self::capacity(leaf.size) {
+        if n + 1 > room {
             return Written::Full;
         }
         let w = clock.begin_write();
@@ -449,7 +468,7 @@ impl LeafFormat for Nv {
                 freed: None,
             };
         };
-        if n + 1 > Self::capacity(leaf.size) {
+        if n + 1 > Self::room(s, leaf) {
             return Removed::Full;
         }
         let old = cached_layout(s, leaf).words(s, i);
@@ -472,8 +491,8 @@ impl LeafFormat for Nv {
         read_stable(&leaf.state.seq, f)
     }
 
-    fn has_room<S: Space>(_s: &S, leaf: &Leaf<Nv>, need: u64) -> bool {
-        leaf.durable.load(Ordering::Relaxed) + need <= Self::capacity(leaf.size)
+    fn has_room<S: Space>(s: &S, leaf: &Leaf<Nv>, need: u64) -> bool {
+        leaf.durable.load(Ordering::Relaxed) + need <= Self::room(s, leaf)
     }
 
     fn lower_count<S: Space>(s: &S, leaf: u64, count: u64) {
@@ -489,10 +508,10 @@ impl LeafFormat for Nv {
             return Err(format!("leaf {off} has invalid size {size}"));
         }
         let count = Self::count(s, off);
-        if count > Self::capacity(size) {
+        if count > Self::max_count(size) {
             return Err(format!(
                 "leaf {off} count {count} exceeds capacity {}",
-                Self::capacity(size)
+                Self::max_count(size)
             ));
         }
         let layout = Layout::read(s, off);
@@ -508,7 +527,7 @@ impl LeafFormat for Nv {
         let count = if stamp == 0 {
             count
         } else {
-            nv::valid_end(s, &layout, stamp, Self::capacity(size))
+            nv::valid_end(s, &layout, stamp, nv::capacity_at(size, layout.compact))
         };
         let mut blobs = Vec::new();
         // Elements of a transaction without a commit record end the leaf.
@@ -602,10 +621,10 @@ impl LeafFormat for Nv {
         let off = leaf.off;
         let mut a = Audit::default();
         let persistent = Self::count(s, off);
-        if persistent > Self::capacity(leaf.size) {
+        if persistent > Self::max_count(leaf.size) {
             a.problems.push(format!(
                 "leaf {off}: count {persistent} exceeds capacity {}",
-                Self::capacity(leaf.size)
+                Self::max_count(leaf.size)
             ));
             return a;
         }
@@ -634,7 +653,12 @@ impl LeafFormat for Nv {
         if sealed {
             // The count word of a sealed leaf is written when the leaf is
             // built and at clean shutdown only; its valid elements decide.
-            let end = nv::valid_end(s, &layout, NvLeaf::at(off).stamp(s), Self::capacity(leaf.size));
+            let end = nv::valid_end(
+                s,
+                &layout,
+                NvLeaf::at(off).stamp(s),
+                nv::capacity_at(leaf.size, layout.compact),
+            );
             if end < n {
                 a.problems
                     .push(format!("leaf {off}: element {end} of {n} fails its check"));

@@ -161,6 +161,104 @@ impl Store {
     }
 }
 
+impl Store {
+    /// Runs `f` as a one-key read-modify-write of `key` (see
+    /// [`OneKey`]): `f` gets a view that holds `key`'s newest value and
+    /// records the command's write of it, and the engine commits that
+    /// write under the leaf lock it read under ([`Db::write_one`]):
+    /// atomic, durable before this returns, without a snapshot or a
+    /// conflict. `None` when `f` touched another key (the command needs a
+    /// real transaction; nothing was written).
+    pub fn write_one<T>(&self, key: &[u8], mut f: impl FnMut(&mut OneKey<'_>) -> T) -> Result<Option<T>> {
+        Ok(self.db.write_one(key, |cur| {
+            let mut view = OneKey {
+                key,
+                cur,
+                write: None,
+                escaped: std::cell::Cell::new(false),
+            };
+            let r = f(&mut view);
+            match (view.escaped.get(), view.write) {
+                (true, _) => (nvstore::OneWrite::Keep, None),
+                (false, w) => (w.unwrap_or(nvstore::OneWrite::Keep), Some(r)),
+            }
+        })?)
+    }
+}
+
+/// The view of a command run by [`Store::write_one`]: reads and writes of
+/// its one key; any other key or a scan marks it escaped (and answers
+/// [`Error::Conflict`] or nothing), and its result is thrown away.
+pub struct OneKey<'a> {
+    key: &'a [u8],
+    cur: Option<&'a [u8]>,
+    write: Option<nvstore::OneWrite>,
+    escaped: std::cell::Cell<bool>,
+}
+
+impl OneKey<'_> {
+    /// The key's value as the command sees it: its own write, else the stored one.
+    fn value(&self) -> Option<&[u8]> {
+        match &self.write {
+            Some(nvstore::OneWrite::Put(v)) => Some(v),
+            Some(nvstore::OneWrite::Delete) => None,
+            Some(nvstore::OneWrite::Keep) | None => self.cur,
+        }
+    }
+
+    /// Marks the command as one that needs a real transaction.
+    fn escape(&self) -> Error {
+        self.escaped.set(true);
+        Error::Conflict
+    }
+
+    fn other(&self, k: &[u8]) -> bool {
+        k != self.key
+    }
+}
+
+impl Kv for OneKey<'_> {
+    fn get(&self, k: &[u8]) -> Result<Option<Vec<u8>>> {
+        if self.other(k) {
+            return Err(self.escape());
+        }
+        Ok(self.value().map(<[u8]>::to_vec))
+    }
+
+    fn get_with(&self, k: &[u8], f: &mut dyn FnMut(&[u8])) -> Result<bool> {
+        if self.other(k) {
+            return Err(self.escape());
+        }
+        Ok(self.value().map(f).is_some())
+    }
+
+    fn put(&mut self, k: &[u8], v: &[u8]) -> Result<()> {
+        if self.other(k) {
+            return Err(self.escape());
+        }
+        self.write = Some(nvstore::OneWrite::Put(v.to_vec()));
+        Ok(())
+    }
+
+    fn delete(&mut self, k: &[u8]) -> Result<()> {
+        if self.other(k) {
+            return Err(self.escape());
+        }
+        self.write = Some(nvstore::OneWrite::Delete);
+        Ok(())
+    }
+
+    fn scan<'s>(
+        &'s self,
+        _lo: Bound<Vec<u8>>,
+        _hi: Bound<Vec<u8>>,
+        _rev: bool,
+    ) -> Box<dyn Iterator<Item = (Vec<u8>, Vec<u8>)> + 's> {
+        self.escape();
+        Box::new(std::iter::empty())
+    }
+}
+
 /// A read view for a command that reads one user key: its first point read
 /// goes straight to the newest committed state (no snapshot registration,
 /// no wait for writers in flight; every published element is durable), and

@@ -62,4 +62,4 @@ pub use error::{Error, Result};
 pub use format::header::{EngineKind, LeafKind};
 pub use recovery::{Recovery, RecoveryKind};
 pub use tree::adaptive::{Model as AdaptiveModel, Strategy as Adaptive};
-pub use txn::{Snapshot, Txn, WriteBatch};
+pub use txn::{OneWrite, Snapshot, Txn, WriteBatch};

@@ -25,6 +25,7 @@ use std::sync::Arc;
 use crate::db::{owned, prefix_bounds, Db};
 use crate::error::{Error, Result};
 use crate::pmem::Space;
+pub use crate::tree::commit::OneWrite;
 use crate::tree::nv::Nv;
 use crate::tree::{check_key, in_range, no_keys_between, RangeIter, SnapshotPin};
 
@@ -361,6 +362,34 @@ impl<S: Space> Db<S> {
             return Ok(self.last_commit_ts());
         }
         self.named(self.nv_tree()?.commit(&batch.writes, &[], u64::MAX))
+    }
+
+    /// A one-key transaction without the transaction machinery: `f` gets
+    /// `key`'s newest value (`None`: absent) and decides what to write
+    /// ([`OneWrite`]); the write commits as a transaction of that one key
+    /// would (atomic across crashes, durable when this returns, visible to
+    /// snapshots from its commit timestamp on), but nothing can commit to
+    /// `key` between the read and the write, so it never conflicts, and no
+    /// snapshot is registered. `f` runs while the key's leaf is locked:
+    /// keep it short and do not touch the store from it. It may run more
+    /// than once (after a leaf split); the last run's decision and result
+    /// count. An error on pools without versions (isle, hash).
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let db = nvstore::Db::open(dir.path().join("p.nvs"), nvstore::Options::default())?;
+    /// use nvstore::OneWrite;
+    /// let incr = |v: Option<&[u8]>| {
+    ///     let n = v.map_or(0, |v| u64::from_le_bytes(v.try_into().unwrap())) + 1;
+    ///     (OneWrite::Put(n.to_le_bytes().to_vec()), n)
+    /// };
+    /// assert_eq!(db.write_one(b"hits", incr)?, 1);
+    /// assert_eq!(db.write_one(b"hits", incr)?, 2);
+    /// # Ok::<(), nvstore::Error>(())
+    /// ```
+    pub fn write_one<R>(&self, key: &[u8], f: impl FnMut(Option<&[u8]>) -> (OneWrite, R)) -> Result<R> {
+        self.writable()?;
+        self.named(self.nv_tree()?.write_one(key, f))
     }
 
     /// The newest commit timestamp whose writes (and all older ones) are

@@ -307,9 +307,28 @@ pub fn execute(sh: &Arc<Shared>, c: &mut Conn, args: Vec<Bytes>) -> Reply {
         Kind::Write if matches!(spec.name, "flushdb" | "flushall") => keyspace::flush_in_chunks(sh, &args),
         Kind::Write => {
             let cx = Cx { proto: c.proto, sh };
+            if one_key(spec) {
+                let mk = keys::meta_key(&args[1]);
+                match sh.store.write_one(&mk, |v| spec.data.unwrap()(v, &cx, &args)) {
+                    Ok(Some(r)) => return finish(r),
+                    Ok(None) => {} // touched another key: a real transaction
+                    Err(e) => return store_error_reply(&e),
+                }
+            }
             write_txn(sh, |t| spec.data.unwrap()(t, &cx, &args))
         }
     }
+}
+
+/// Whether a write command of one user key may touch only that key's
+/// metadata (a string, a small hash), so that it is tried as a one-key
+/// read-modify-write first ([`store::Store::write_one`]: no snapshot, no
+/// transaction buffer, one leaf lookup). One that touches more (a large
+/// hash's fields, a layout change, DEL of a hash) falls back to a
+/// transaction, having written nothing. Sorted-set writes always touch
+/// their member and score keys, so they skip the attempt.
+fn one_key(spec: &Spec) -> bool {
+    spec.first_key == 1 && spec.last_key == 1 && !matches!(spec.name, "zadd" | "zincrby" | "zrem")
 }
 
 /// Most pipelined write commands committed together by [`execute_group`].

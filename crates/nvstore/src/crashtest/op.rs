@@ -45,6 +45,16 @@ pub(super) fn exec(db: &Db<Probe>, op: &Op) -> OpResult {
                 db.write_batch(b)?;
                 Outcome::Put
             }
+            Op::Txn(w) if w.len() == 1 => {
+                // A one-key transaction: the read-modify-write path that
+                // skips the transaction machinery.
+                let (k, v) = &w[0];
+                db.write_one(k, |_| match v {
+                    Some(v) => (crate::txn::OneWrite::Put(v.to_vec()), ()),
+                    None => (crate::txn::OneWrite::Delete, ()),
+                })?;
+                Outcome::Put
+            }
             Op::Txn(w) => {
                 db.transaction(|tx| {
                     for (k, v) in w {

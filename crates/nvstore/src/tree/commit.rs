@@ -7,9 +7,9 @@ use std::sync::Arc;
 
 use crossbeam_epoch as epoch;
 
-use super::leaf::LeafFormat;
+use super::leaf::{LeafFormat, ValueRef};
 use super::split::Goal;
-use super::{check_sizes, Leaf, Tree};
+use super::{check_key, check_sizes, Leaf, Tree};
 use crate::error::{Error, Result};
 use crate::format::{element, header};
 use crate::pmem::{points, Space};
@@ -289,6 +289,124 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
         self.stats.commits.fetch_add(1, Ordering::Relaxed);
         self.space.op_boundary();
         Ok(ts)
+    }
+}
+
+/// What [`Tree::write_one`]'s function decides for its key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum OneWrite {
+    /// Write nothing.
+    Keep,
+    /// Store this value.
+    Put(Vec<u8>),
+    /// Delete the key (nothing is written if it is absent).
+    Delete,
+}
+
+/// A step of [`Tree::write_one`].
+enum OneStep<R> {
+    Full,
+    Again,
+    Done(R, bool),
+}
+
+impl<S: Space, L: LeafFormat> Tree<S, L> {
+    /// A one-key read-modify-write committed without the transaction
+    /// machinery: under the lock of the key's leaf, `f` gets the key's
+    /// newest value and decides the write, which is appended and published
+    /// as a plain put or delete is (one timestamp, one element without the
+    /// TXN flag, one count store), durable when this returns.
+    /// Every writer of the key locks that leaf, so nothing can commit
+    /// between the read and the write: no snapshot is registered, no
+    /// conflict is possible, and the key is looked up once.
+    ///
+    /// `f` runs with the leaf locked, so keep it short; it may run more
+    /// than once (when the leaf has no room, it is split and `f` runs
+    /// again on the same value), and only the last run's decision counts.
+    pub fn write_one<R>(&self, key: &[u8], mut f: impl FnMut(Option<&[u8]>) -> (OneWrite, R)) -> Result<R> {
+        if !L::VERSIONED {
+            return Err(Error::Unsupported(format!(
+                "{} leaves keep no versions: one-key transactions need an nv pool",
+                L::NAME
+            )));
+        }
+        check_key(key)?;
+        self.writable_tree()?;
+        loop {
+            let guard = epoch::pin();
+            let step = self.index.load().with_leaf(key, |leaf| -> Result<OneStep<R>> {
+                self.sound(leaf)?;
+                let lk = leaf.lock.lock();
+                if leaf.dead.load(Ordering::Acquire) {
+                    return Ok(OneStep::Again);
+                }
+                let sp = &*self.space;
+                let n = leaf.durable.load(Ordering::Relaxed);
+                let old = L::newest(sp, leaf, n, key, u64::MAX)
+                    .filter(|e| !e.negative)
+                    .map(|e| L::element(sp, leaf.off, e.index).words);
+                let (w, r) = match &old {
+                    Some(words) => ValueRef::of(sp, words).with(sp, |v| f(Some(v))),
+                    None => f(None),
+                };
+                let value = match w {
+                    OneWrite::Keep => return Ok(OneStep::Done(r, false)),
+                    OneWrite::Delete if old.is_none() => return Ok(OneStep::Done(r, false)),
+                    OneWrite::Delete => None,
+                    OneWrite::Put(v) => {
+                        check_sizes(key, &v)?;
+                        Some(v)
+                    }
+                };
+                // An update appends only the new element, as a plain put
+                // does (the newest element at or below a reader's timestamp
+                // decides, so the old one needs no NEGATIVE twin): the leaf
+                // fills half as fast. A delete appends the NEGATIVE one.
+                let need = 1;
+                if n + need > L::capacity(leaf.size) {
+                    return Ok(OneStep::Full);
+                }
+                let blob = match value
+                    .as_deref()
+                    .and_then(|v| element::blob_size(key, v).map(|sz| (v, sz)))
+                {
+                    Some((v, sz)) => {
+                        let off = self.alloc.alloc(sp, sz)?;
+                        element::write_blob(sp, off, key, v);
+                        off
+                    }
+                    None => 0,
+                };
+                let w = self.clock.begin_write();
+                let elem = match (&value, old) {
+                    (Some(v), _) => element::encode(key, v, blob, w.ts, false),
+                    (None, Some(o)) => element::negate(o, w.ts, false),
+                    (None, None) => unreachable!("a delete of an absent key returned above"),
+                };
+                L::append(sp, leaf, n, &[elem]);
+                leaf.durable.store(n + 1, Ordering::Release);
+                self.adaptive.wrote(&leaf.counters, 1, 1);
+                self.keys
+                    .fetch_add(value.is_some() as i64 - old.is_some() as i64, Ordering::Relaxed);
+                drop(w);
+                drop(lk);
+                Ok(OneStep::Done(r, true))
+            })?;
+            match step {
+                OneStep::Full => {
+                    drop(guard);
+                    self.split(key)?;
+                }
+                OneStep::Again => {}
+                OneStep::Done(r, wrote) => {
+                    if wrote {
+                        self.stats.commits.fetch_add(1, Ordering::Relaxed);
+                        self.space.op_boundary();
+                    }
+                    return Ok(r);
+                }
+            }
+        }
     }
 }
 

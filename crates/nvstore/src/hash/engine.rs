@@ -170,10 +170,12 @@ impl<S: Space> HashEngine<S> {
     pub fn put(&self, key: &[u8], value: &[u8]) -> Result<()> {
         crate::tree::check_sizes(key, value)?;
         let _w = self.writer.lock();
-        // An update leaves the index as it is: it already holds the key.
+        // An update leaves the index as it is: it already holds the key. A
+        // key the table reports as new is not in the index either (both
+        // change under this lock), so the index need not look for it.
         let new = self.table.put(key, value)?;
         if new && self.indexed {
-            self.index.insert(key, ());
+            self.index.insert_new(key, ());
         }
         Ok(())
     }

@@ -54,9 +54,124 @@ use crate::pmem::Space;
 /// built, at most `ORDER / 2` entries, so much larger costs ranges.
 pub const ORDER: usize = 32;
 
-/// A key as nodes hold it: shared, so copying a node on a writer's path
-/// (copy-on-write) copies pointers, not key bytes.
-type Key = Arc<[u8]>;
+/// A key as nodes hold it: its first 8 bytes as a number (`head`), then
+/// its bytes, inline up to [`INLINE`] bytes, shared beyond.
+///
+/// - A descent compares a key with about five keys per node; the heads
+///   decide most comparisons without reading anything outside the node.
+/// - Copying a node on a writer's path (copy-on-write: a split, a merge)
+///   copies its keys. An inline key is copied as plain bytes within the
+///   node; a shared one (`Arc`) by a reference count update, which touches
+///   the key's own allocation, a cache miss per key when the index is cold.
+///   Keys of up to [`INLINE`] bytes (a SHA-1 in hex is 40) thus cost no
+///   allocation of their own and no reference counting.
+#[derive(Clone, Debug)]
+struct Key {
+    head: u64,
+    bytes: KeyBytes,
+}
+
+/// Keys up to this long are kept inside the node.
+const INLINE: usize = 46;
+
+#[derive(Clone, Debug)]
+enum KeyBytes {
+    Inline { len: u8, buf: [u8; INLINE] },
+    Shared(Arc<[u8]>),
+}
+
+/// The first 8 bytes of `k` as a big-endian number, zeros past its end:
+/// heads order as the keys do, except that equal heads leave it open.
+#[inline]
+fn head(k: &[u8]) -> u64 {
+    let mut b = [0u8; 8];
+    let n = k.len().min(8);
+    b[..n].copy_from_slice(&k[..n]);
+    u64::from_be_bytes(b)
+}
+
+impl Key {
+    fn new(k: &[u8]) -> Key {
+        Key::with_head(head(k), k)
+    }
+
+    fn with_head(head: u64, k: &[u8]) -> Key {
+        let bytes = if k.len() <= INLINE {
+            let mut buf = [0u8; INLINE];
+            buf[..k.len()].copy_from_slice(k);
+            KeyBytes::Inline {
+                len: k.len() as u8,
+                buf,
+            }
+        } else {
+            KeyBytes::Shared(Arc::from(k))
+        };
+        Key { head, bytes }
+    }
+
+    /// How this key orders against the key `p` looks for.
+    #[inline]
+    fn cmp_probe(&self, p: &Probe<'_>) -> std::cmp::Ordering {
+        self.head.cmp(&p.head).then_with(|| self[..].cmp(p.bytes))
+    }
+
+    /// Whether this is the key `p` looks for.
+    #[inline]
+    fn is(&self, p: &Probe<'_>) -> bool {
+        self.head == p.head && self[..] == *p.bytes
+    }
+}
+
+impl std::ops::Deref for Key {
+    type Target = [u8];
+    #[inline]
+    fn deref(&self) -> &[u8] {
+        match &self.bytes {
+            KeyBytes::Inline { len, buf } => &buf[..*len as usize],
+            KeyBytes::Shared(b) => b,
+        }
+    }
+}
+
+impl PartialEq for Key {
+    fn eq(&self, o: &Key) -> bool {
+        self.head == o.head && self[..] == o[..]
+    }
+}
+
+impl Eq for Key {}
+
+impl PartialOrd for Key {
+    fn partial_cmp(&self, o: &Key) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+
+impl Ord for Key {
+    fn cmp(&self, o: &Key) -> std::cmp::Ordering {
+        self.head.cmp(&o.head).then_with(|| self[..].cmp(&o[..]))
+    }
+}
+
+/// A key looked for, with its head computed once per operation.
+#[derive(Clone, Copy)]
+struct Probe<'a> {
+    head: u64,
+    bytes: &'a [u8],
+}
+
+impl<'a> Probe<'a> {
+    fn new(bytes: &'a [u8]) -> Probe<'a> {
+        Probe {
+            head: head(bytes),
+            bytes,
+        }
+    }
+
+    fn key(&self) -> Key {
+        Key::with_head(self.head, self.bytes)
+    }
+}
 
 enum Node<V> {
     Leaf(Leaf<V>),
@@ -135,12 +250,12 @@ impl<V: Clone> Leaf<V> {
     }
 
     /// The slot holding `key`, if published.
-    fn find(&self, key: &[u8]) -> Option<usize> {
+    fn find(&self, key: &Probe<'_>) -> Option<usize> {
         let n = self.len();
         self.slots[..self.sorted]
-            .binary_search_by(|s| s.get().expect("sorted slots are set").0[..].cmp(key))
+            .binary_search_by(|s| s.get().expect("sorted slots are set").0.cmp_probe(key))
             .ok()
-            .or_else(|| (self.sorted..n).find(|&i| same(&self.entry(i).0, key)))
+            .or_else(|| (self.sorted..n).find(|&i| self.entry(i).0.is(key)))
     }
 
     /// Appends an entry whose key the leaf lacks; the leaf has room. Only
@@ -239,16 +354,10 @@ impl<V: Clone> Node<V> {
     }
 }
 
-/// `a == b`, rejecting most unequal keys by length and first byte before
-/// comparing the rest (the scan of a leaf's appended entries).
-#[inline]
-fn same(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.first() == b.first() && a == b
-}
-
 /// Index of the child of an inner node whose range holds `key`.
-fn child(keys: &[Key], key: &[u8]) -> usize {
-    keys.partition_point(|s| &s[..] <= key)
+#[inline]
+fn child(keys: &[Key], key: &Probe<'_>) -> usize {
+    keys.partition_point(|s| s.cmp_probe(key).is_le())
 }
 
 /// A concurrent ordered map from byte keys to `V`.
@@ -286,6 +395,7 @@ impl<V: Clone + Send + Sync + 'static> Index<V> {
 
     #[cfg(test)]
     pub fn get(&self, key: &[u8]) -> Option<V> {
+        let key = &Probe::new(key);
         let root = self.root.load_full();
         let mut node: &Node<V> = &root;
         loop {
@@ -297,13 +407,30 @@ impl<V: Clone + Send + Sync + 'static> Index<V> {
     }
 
     /// Inserts or replaces; returns the previous value.
+    #[cfg(test)]
     pub fn insert(&self, key: &[u8], val: V) -> Option<V> {
+        self.insert_with(&Probe::new(key), val, false)
+    }
+
+    /// Inserts a key the caller knows is absent (the engine inserts only
+    /// keys its table reports as new): the leaf is not searched for it
+    /// first. A key already present would be listed twice.
+    pub fn insert_new(&self, key: &[u8], val: V) {
+        debug_assert!(
+            !self.contains(&self.root.load(), &Probe::new(key)),
+            "insert_new of a key the index holds"
+        );
+        let old = self.insert_with(&Probe::new(key), val, true);
+        debug_assert!(old.is_none());
+    }
+
+    fn insert_with(&self, key: &Probe<'_>, val: V, new: bool) -> Option<V> {
         let _w = self.writer.lock();
         let cur = self.root.load_full();
         // The common case: a new key whose path needs no split goes into
         // its leaf in place; nothing is copied or published.
-        if let Some(leaf) = self.room_for(&cur, key) {
-            leaf.append(Key::from(key), val);
+        if let Some(leaf) = self.room_for(&cur, key, new) {
+            leaf.append(key.key(), val);
             self.len.fetch_add(1, Ordering::AcqRel);
             return None;
         }
@@ -316,7 +443,7 @@ impl<V: Clone + Send + Sync + 'static> Index<V> {
         } else {
             (*cur).clone()
         };
-        let old = self.insert_in(&mut root, key, val);
+        let old = self.insert_in(&mut root, key, val, new);
         self.root.store(Arc::new(root));
         if old.is_none() {
             self.len.fetch_add(1, Ordering::AcqRel);
@@ -324,9 +451,10 @@ impl<V: Clone + Send + Sync + 'static> Index<V> {
         old
     }
 
-    /// The leaf that takes `key` in place: `key` is not in it and no node
-    /// on its path is full (so proactive splitting has nothing to do).
-    fn room_for<'a>(&self, root: &'a Node<V>, key: &[u8]) -> Option<&'a Leaf<V>> {
+    /// The leaf that takes `key` in place: `key` is not in it (`new`: the
+    /// caller knows it is not) and no node on its path is full (so
+    /// proactive splitting has nothing to do).
+    fn room_for<'a>(&self, root: &'a Node<V>, key: &Probe<'_>, new: bool) -> Option<&'a Leaf<V>> {
         if root.size() >= self.order {
             return None;
         }
@@ -339,18 +467,20 @@ impl<V: Clone + Send + Sync + 'static> Index<V> {
                         return None;
                     }
                 }
-                Node::Leaf(leaf) => return leaf.find(key).is_none().then_some(leaf),
+                Node::Leaf(leaf) => return (new || leaf.find(key).is_none()).then_some(leaf),
             }
         }
     }
 
-    /// `node` (the writer's own copy) has room for one more entry.
-    fn insert_in(&self, mut node: &mut Node<V>, key: &[u8], val: V) -> Option<V> {
+    /// `node` (the writer's own copy) has room for one more entry; `new`:
+    /// the caller knows `key` is absent.
+    fn insert_in(&self, mut node: &mut Node<V>, key: &Probe<'_>, val: V, new: bool) -> Option<V> {
         loop {
             match node {
                 Node::Leaf(leaf) => {
-                    let Some(i) = leaf.find(key) else {
-                        leaf.append(Key::from(key), val);
+                    let found = if new { None } else { leaf.find(key) };
+                    let Some(i) = found else {
+                        leaf.append(key.key(), val);
                         return None;
                     };
                     let old = leaf.entry(i).0.clone();
@@ -366,7 +496,7 @@ impl<V: Clone + Send + Sync + 'static> Index<V> {
                     let mut i = child(keys, key);
                     if kids[i].size() >= self.order {
                         let (left, sep, right) = kids[i].split();
-                        let go_right = key >= &sep[..];
+                        let go_right = sep.cmp_probe(key).is_le();
                         kids[i] = Arc::new(left);
                         keys.insert(i, sep);
                         kids.insert(i + 1, Arc::new(right));
@@ -375,8 +505,8 @@ impl<V: Clone + Send + Sync + 'static> Index<V> {
                     // A leaf with room that lacks the key takes it in
                     // place, uncopied (its key range is unchanged).
                     if let Node::Leaf(leaf) = &*kids[i] {
-                        if leaf.find(key).is_none() {
-                            leaf.append(Key::from(key), val);
+                        if new || leaf.find(key).is_none() {
+                            leaf.append(key.key(), val);
                             return None;
                         }
                     }
@@ -387,7 +517,7 @@ impl<V: Clone + Send + Sync + 'static> Index<V> {
     }
 
     /// Whether `key` is in the tree now (the writer's check before copying).
-    fn contains(&self, root: &Node<V>, key: &[u8]) -> bool {
+    fn contains(&self, root: &Node<V>, key: &Probe<'_>) -> bool {
         let mut node = root;
         loop {
             match node {
@@ -399,6 +529,7 @@ impl<V: Clone + Send + Sync + 'static> Index<V> {
 
     /// Removes `key`; returns its value.
     pub fn remove(&self, key: &[u8]) -> Option<V> {
+        let key = &Probe::new(key);
         let _w = self.writer.lock();
         let cur = self.root.load_full();
         // Absent: nothing is copied or published.
@@ -419,14 +550,14 @@ impl<V: Clone + Send + Sync + 'static> Index<V> {
         Some(old)
     }
 
-    fn remove_in(&self, mut node: &mut Node<V>, key: &[u8]) -> Option<V> {
+    fn remove_in(&self, mut node: &mut Node<V>, key: &Probe<'_>) -> Option<V> {
         loop {
             match node {
                 Node::Leaf(leaf) => {
                     leaf.find(key)?;
                     let mut e = leaf.take();
                     let i = e
-                        .binary_search_by(|(k, _)| k[..].cmp(key))
+                        .binary_search_by(|(k, _)| k.cmp_probe(key))
                         .expect("a found key is among the entries");
                     let (_, old) = e.remove(i);
                     leaf.put(e);
@@ -545,7 +676,7 @@ impl<V: Clone + Send + Sync + 'static> Index<V> {
     /// entries, as inserts and removes keep them.
     pub fn from_sorted(order: usize, entries: impl IntoIterator<Item = (Vec<u8>, V)>) -> Index<V> {
         let index = Index::new(order);
-        let entries: Vec<(Key, V)> = entries.into_iter().map(|(k, v)| (Key::from(k), v)).collect();
+        let entries: Vec<(Key, V)> = entries.into_iter().map(|(k, v)| (Key::new(&k), v)).collect();
         debug_assert!(
             entries.windows(2).all(|w| w[0].0 < w[1].0),
             "from_sorted needs ascending keys"
@@ -718,8 +849,8 @@ impl<V: Clone> Iter<V> {
                     let i = match (start, rev) {
                         (Bound::Unbounded, false) => 0,
                         (Bound::Unbounded, true) => kids.len() - 1,
-                        (Bound::Included(k) | Bound::Excluded(k), false) => child(keys, k),
-                        (Bound::Included(k), true) => child(keys, k),
+                        (Bound::Included(k) | Bound::Excluded(k), false) => child(keys, &Probe::new(k)),
+                        (Bound::Included(k), true) => child(keys, &Probe::new(k)),
                         (Bound::Excluded(k), true) => keys.partition_point(|s| s[..] < k[..]),
                     };
                     (kids[i].clone(), if rev { i } else { i + 1 })

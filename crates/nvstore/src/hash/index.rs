@@ -47,12 +47,20 @@ use parking_lot::Mutex;
 use super::table::HashTable;
 use crate::pmem::Space;
 
-/// Default branching factor: most entries per leaf, most children per
-/// inner node. A leaf splits (the only time an insert copies its path)
-/// once per `ORDER / 2` inserts into it, so larger is cheaper for inserts;
-/// a reader entering a leaf sorts what was appended since the leaf was
-/// built, at most `ORDER / 2` entries, so much larger costs ranges.
+/// Default branching factor of inner nodes: most children per inner node.
+/// Copying an inner node on a split's path bumps the reference count of
+/// each of its children (a cache miss each when the index is cold), so
+/// wider inner nodes make each split dearer.
 pub const ORDER: usize = 32;
+
+/// Default leaf capacity: most entries per leaf. A leaf splits (the only
+/// time an insert of a new key copies its path) once per `LEAF / 2`
+/// inserts into it, so larger is cheaper for inserts; a reader entering a
+/// leaf sorts what was appended since the leaf was built, at most
+/// `LEAF / 2` entries, so much larger costs ranges. Inserts of keys known
+/// to be new ([`Index::insert_new`]) do not search the leaf, so its size
+/// costs them nothing else.
+pub const LEAF: usize = 128;
 
 /// A key as nodes hold it: its first 8 bytes as a number (`head`), then
 /// its bytes, inline up to [`INLINE`] bytes, shared beyond.
@@ -364,24 +372,47 @@ fn child(keys: &[Key], key: &Probe<'_>) -> usize {
 pub struct Index<V> {
     root: ArcSwap<Node<V>>,
     writer: Mutex<()>,
+    /// Most children of an inner node.
     order: usize,
+    /// Most entries of a leaf.
+    leaf: usize,
     len: AtomicU64,
 }
 
 impl<V: Clone + Send + Sync + 'static> Index<V> {
     /// An empty index with nodes of at most `order` entries (at least 4).
+    #[cfg(test)]
     pub fn new(order: usize) -> Index<V> {
-        assert!(order >= 4, "a B+-tree node needs room for at least 4 entries");
+        Index::with_leaves(order, order)
+    }
+
+    /// An empty index with inner nodes of at most `order` children and
+    /// leaves of at most `leaf` entries (each at least 4).
+    pub fn with_leaves(order: usize, leaf: usize) -> Index<V> {
+        assert!(
+            order >= 4 && leaf >= 4,
+            "a B+-tree node needs room for at least 4 entries"
+        );
         Index {
-            root: ArcSwap::from_pointee(Node::Leaf(Leaf::new(order, Vec::new()))),
+            root: ArcSwap::from_pointee(Node::Leaf(Leaf::new(leaf, Vec::new()))),
             writer: Mutex::new(()),
             order,
+            leaf,
             len: AtomicU64::new(0),
         }
     }
 
-    fn min(&self) -> usize {
-        self.order / 2
+    /// Most entries `node` may hold.
+    fn max(&self, node: &Node<V>) -> usize {
+        match node {
+            Node::Leaf(_) => self.leaf,
+            Node::Inner { .. } => self.order,
+        }
+    }
+
+    /// Fewest entries `node` may hold unless it is the root.
+    fn min(&self, node: &Node<V>) -> usize {
+        self.max(node) / 2
     }
 
     pub fn len(&self) -> u64 {
@@ -434,7 +465,7 @@ impl<V: Clone + Send + Sync + 'static> Index<V> {
             self.len.fetch_add(1, Ordering::AcqRel);
             return None;
         }
-        let mut root = if cur.size() >= self.order {
+        let mut root = if cur.size() >= self.max(&cur) {
             let (left, sep, right) = cur.split();
             Node::Inner {
                 keys: vec![sep],
@@ -455,7 +486,7 @@ impl<V: Clone + Send + Sync + 'static> Index<V> {
     /// caller knows it is not) and no node on its path is full (so
     /// proactive splitting has nothing to do).
     fn room_for<'a>(&self, root: &'a Node<V>, key: &Probe<'_>, new: bool) -> Option<&'a Leaf<V>> {
-        if root.size() >= self.order {
+        if root.size() >= self.max(root) {
             return None;
         }
         let mut node = root;
@@ -463,7 +494,7 @@ impl<V: Clone + Send + Sync + 'static> Index<V> {
             match node {
                 Node::Inner { keys, kids } => {
                     node = &kids[child(keys, key)];
-                    if node.size() >= self.order {
+                    if node.size() >= self.max(node) {
                         return None;
                     }
                 }
@@ -494,7 +525,7 @@ impl<V: Clone + Send + Sync + 'static> Index<V> {
                 }
                 Node::Inner { keys, kids } => {
                     let mut i = child(keys, key);
-                    if kids[i].size() >= self.order {
+                    if kids[i].size() >= self.max(&kids[i]) {
                         let (left, sep, right) = kids[i].split();
                         let go_right = sep.cmp_probe(key).is_le();
                         kids[i] = Arc::new(left);
@@ -565,7 +596,7 @@ impl<V: Clone + Send + Sync + 'static> Index<V> {
                 }
                 Node::Inner { keys, kids } => {
                     let mut i = child(keys, key);
-                    if kids[i].size() <= self.min() {
+                    if kids[i].size() <= self.min(&kids[i]) {
                         i = self.refill(keys, kids, i);
                     }
                     node = Arc::make_mut(&mut kids[i]);
@@ -578,7 +609,7 @@ impl<V: Clone + Send + Sync + 'static> Index<V> {
     /// a sibling above the minimum, else merges it with a sibling. Returns
     /// the index of the child now holding `i`'s range.
     fn refill(&self, keys: &mut Vec<Key>, kids: &mut Vec<Arc<Node<V>>>, i: usize) -> usize {
-        let min = self.min();
+        let min = self.min(&kids[i]);
         if i > 0 && kids[i - 1].size() > min {
             let (l, r) = kids.split_at_mut(i);
             let (left, me) = (Arc::make_mut(&mut l[i - 1]), Arc::make_mut(&mut r[0]));
@@ -620,7 +651,7 @@ impl<V: Clone + Send + Sync + 'static> Index<V> {
             return i;
         }
         // Both neighbours at the minimum: merge with one (the result has at
-        // most 2 * min <= order entries).
+        // most 2 * min <= max entries).
         let j = if i > 0 { i - 1 } else { i };
         let right = kids.remove(j + 1);
         let sep = keys.remove(j);
@@ -662,11 +693,16 @@ impl<V: Clone + Send + Sync + 'static> Index<V> {
 
     /// Builds the index from every key of `table` (at open): sorted, then
     /// loaded bottom-up ([`Index::from_sorted`]).
-    pub fn rebuild<S: Space>(table: &HashTable<S>, order: usize, mut val: impl FnMut(&[u8], &[u8]) -> V) -> Index<V> {
+    pub fn rebuild<S: Space>(
+        table: &HashTable<S>,
+        order: usize,
+        leaf: usize,
+        mut val: impl FnMut(&[u8], &[u8]) -> V,
+    ) -> Index<V> {
         let mut entries = Vec::new();
         table.for_each(|k, v| entries.push((k.to_vec(), val(k, v))));
         entries.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-        Index::from_sorted(order, entries)
+        Index::from_sorted(order, leaf, entries)
     }
 
     /// Builds the index bottom-up from entries in strictly ascending key
@@ -674,8 +710,8 @@ impl<V: Clone + Send + Sync + 'static> Index<V> {
     /// three quarters, then each level of inner nodes over the one below.
     /// Every node but the root holds between `order / 2` and `order`
     /// entries, as inserts and removes keep them.
-    pub fn from_sorted(order: usize, entries: impl IntoIterator<Item = (Vec<u8>, V)>) -> Index<V> {
-        let index = Index::new(order);
+    pub fn from_sorted(order: usize, leaf: usize, entries: impl IntoIterator<Item = (Vec<u8>, V)>) -> Index<V> {
+        let index = Index::with_leaves(order, leaf);
         let entries: Vec<(Key, V)> = entries.into_iter().map(|(k, v)| (Key::new(&k), v)).collect();
         debug_assert!(
             entries.windows(2).all(|w| w[0].0 < w[1].0),
@@ -685,25 +721,26 @@ impl<V: Clone + Send + Sync + 'static> Index<V> {
         if n == 0 {
             return index;
         }
-        let (min, fill) = (index.min(), (order * 3 / 4).max(index.min()));
-        // Sizes of `k` nodes over `n` entries: as even as can be, each
-        // between `min` and `order` when there is more than one node.
-        let split = |n: usize| -> Vec<usize> {
+        // Sizes of `k` nodes of at most `max` over `n` entries: as even as
+        // can be, each between `max / 2` and `max` when there is more than
+        // one node.
+        let split = |n: usize, max: usize| -> Vec<usize> {
+            let (min, fill) = (max / 2, (max * 3 / 4).max(max / 2));
             let k = n.div_ceil(fill).min((n / min).max(1));
             (0..k).map(|i| n / k + usize::from(i < n % k)).collect()
         };
         // Each level: the nodes and the smallest key under each.
         let mut level: Vec<(Key, Arc<Node<V>>)> = Vec::new();
         let mut entries = entries.into_iter();
-        for size in split(n) {
+        for size in split(n, leaf) {
             let le: Vec<(Key, V)> = entries.by_ref().take(size).collect();
             let first = le[0].0.clone();
-            level.push((first, Arc::new(Node::Leaf(Leaf::new(order, le)))));
+            level.push((first, Arc::new(Node::Leaf(Leaf::new(leaf, le)))));
         }
         while level.len() > 1 {
             let mut up = Vec::new();
             let mut nodes = level.into_iter();
-            for size in split(nodes.len()) {
+            for size in split(nodes.len(), order) {
                 let group: Vec<(Key, Arc<Node<V>>)> = nodes.by_ref().take(size).collect();
                 let first = group[0].0.clone();
                 let mut seps = Vec::with_capacity(size - 1);
@@ -746,15 +783,15 @@ impl<V: Clone + Send + Sync + 'static> Index<V> {
         leaf_depth: &mut Option<usize>,
     ) -> Result<usize, String> {
         let size = node.size();
-        if size > self.order || (!is_root && size < self.min()) {
+        if size > self.max(node) || (!is_root && size < self.min(node)) {
             return Err(format!(
-                "node of {size} entries at depth {depth} (order {})",
-                self.order
+                "node of {size} entries at depth {depth} (at most {})",
+                self.max(node)
             ));
         }
         let keys: Vec<Key> = match node {
             Node::Leaf(leaf) => {
-                if leaf.cap() != self.order || leaf.sorted > leaf.len() {
+                if leaf.cap() != self.leaf || leaf.sorted > leaf.len() {
                     return Err(format!("leaf of {} slots at depth {depth}", leaf.cap()));
                 }
                 leaf.entries().into_iter().map(|(k, _)| k).collect()

@@ -88,10 +88,12 @@ proptest! {
     #[test]
     fn matches_btreemap(
         order in 4usize..9,
+        leaf in 4usize..13,
         ops in proptest::collection::vec((any::<bool>(), key_strategy(), any::<u32>()), 0..300),
         queries in proptest::collection::vec((bound_strategy(), bound_strategy(), key_strategy()), 1..8),
     ) {
-        let index = Index::new(order);
+        // Leaves and inner nodes of different sizes, as the engine's.
+        let index = Index::with_leaves(order, leaf);
         let mut model = BTreeMap::new();
         for (insert, k, v) in ops {
             if insert && !model.contains_key(&k) && v % 2 == 0 {
@@ -297,7 +299,7 @@ fn rebuilds_from_the_hash_table() {
         table.put(&k, &i.to_le_bytes()).unwrap();
         model.insert(k, i);
     }
-    let index = Index::rebuild(&table, 16, |_, v| u32::from_le_bytes(v.try_into().unwrap()));
+    let index = Index::rebuild(&table, 16, 24, |_, v| u32::from_le_bytes(v.try_into().unwrap()));
     index.check().unwrap();
     let got: Vec<_> = index.range(Bound::Unbounded, Bound::Unbounded).collect();
     let want_prefix = model.keys().filter(|k| k.starts_with(b"user/01")).count();
@@ -311,10 +313,10 @@ fn rebuilds_from_the_hash_table() {
 #[test]
 fn loads_sorted_keys_bottom_up() {
     for n in [
-        0usize, 1, 5, 31, 32, 33, 47, 48, 49, 63, 64, 65, 100, 1000, 3001, 20_000,
+        0usize, 1, 5, 31, 32, 33, 47, 48, 49, 63, 64, 65, 95, 96, 97, 127, 128, 129, 100, 1000, 3001, 20_000,
     ] {
         let keys: Vec<Vec<u8>> = (0..n).map(|i| format!("{:08}", i * 2).into_bytes()).collect();
-        let idx: Index<u32> = Index::from_sorted(ORDER, keys.iter().cloned().zip(0u32..));
+        let idx: Index<u32> = Index::from_sorted(ORDER, LEAF, keys.iter().cloned().zip(0u32..));
         idx.check().unwrap_or_else(|e| panic!("n = {n}: {e}"));
         assert_eq!(idx.len(), n as u64);
         let got: Vec<Vec<u8>> = idx.range(Bound::Unbounded, Bound::Unbounded).map(|(k, _)| k).collect();

@@ -93,7 +93,7 @@ impl<S: Space> HashEngine<S> {
             space,
             alloc,
             table,
-            index: Index::new(index::ORDER),
+            index: Index::with_leaves(index::ORDER, index::LEAF),
             indexed,
             image: None,
             writer: Mutex::new(()),
@@ -137,12 +137,15 @@ impl<S: Space> HashEngine<S> {
         let table = HashTable::open(space.clone(), alloc.clone(), header::hash_root_word(), scan);
         let (index, kind) = match loaded {
             Some(keys) if indexed => (
-                Index::from_sorted(index::ORDER, keys.into_iter().map(|k| (k, ()))),
+                Index::from_sorted(index::ORDER, index::LEAF, keys.into_iter().map(|k| (k, ()))),
                 RecoveryKind::Loaded,
             ),
-            Some(_) => (Index::new(index::ORDER), RecoveryKind::Loaded),
-            None if indexed => (Index::rebuild(&table, index::ORDER, |_, _| ()), RecoveryKind::Rebuild),
-            None => (Index::new(index::ORDER), RecoveryKind::Rebuild),
+            Some(_) => (Index::with_leaves(index::ORDER, index::LEAF), RecoveryKind::Loaded),
+            None if indexed => (
+                Index::rebuild(&table, index::ORDER, index::LEAF, |_, _| ()),
+                RecoveryKind::Rebuild,
+            ),
+            None => (Index::with_leaves(index::ORDER, index::LEAF), RecoveryKind::Rebuild),
         };
         let engine = HashEngine {
             space,
@@ -170,10 +173,12 @@ impl<S: Space> HashEngine<S> {
     pub fn put(&self, key: &[u8], value: &[u8]) -> Result<()> {
         crate::tree::check_sizes(key, value)?;
         let _w = self.writer.lock();
-        // An update leaves the index as it is: it already holds the key.
+        // An update leaves the index as it is: it already holds the key. A
+        // key the table reports as new is not in the index either (both
+        // change under this lock), so the index need not look for it.
         let new = self.table.put(key, value)?;
         if new && self.indexed {
-            self.index.insert(key, ());
+            self.index.insert_new(key, ());
         }
         Ok(())
     }

@@ -47,16 +47,139 @@ use parking_lot::Mutex;
 use super::table::HashTable;
 use crate::pmem::Space;
 
-/// Default branching factor: most entries per leaf, most children per
-/// inner node. A leaf splits (the only time an insert copies its path)
-/// once per `ORDER / 2` inserts into it, so larger is cheaper for inserts;
-/// a reader entering a leaf sorts what was appended since the leaf was
-/// built, at most `ORDER / 2` entries, so much larger costs ranges.
+/// Default branching factor of inner nodes: most children per inner node.
+/// Copying an inner node on a split's path bumps the reference count of
+/// each of its children (a cache miss each when the index is cold), so
+/// wider inner nodes make each split dearer.
 pub const ORDER: usize = 32;
 
-/// A key as nodes hold it: shared, so copying a node on a writer's path
-/// (copy-on-write) copies pointers, not key bytes.
-type Key = Arc<[u8]>;
+/// Default leaf capacity: most entries per leaf. A leaf splits (the only
+/// time an insert of a new key copies its path) once per `LEAF / 2`
+/// inserts into it, so larger is cheaper for inserts; a reader entering a
+/// leaf sorts what was appended since the leaf was built, at most
+/// `LEAF / 2` entries, so much larger costs ranges. Inserts of keys known
+/// to be new ([`Index::insert_new`]) do not search the leaf, so its size
+/// costs them nothing else.
+pub const LEAF: usize = 128;
+
+/// A key as nodes hold it: its first 8 bytes as a number (`head`), then
+/// its bytes, inline up to [`INLINE`] bytes, shared beyond.
+///
+/// - A descent compares a key with about five keys per node; the heads
+///   decide most comparisons without reading anything outside the node.
+/// - Copying a node on a writer's path (copy-on-write: a split, a merge)
+///   copies its keys. An inline key is copied as plain bytes within the
+///   node; a shared one (`Arc`) by a reference count update, which touches
+///   the key's own allocation, a cache miss per key when the index is cold.
+///   Keys of up to [`INLINE`] bytes (a SHA-1 in hex is 40) thus cost no
+///   allocation of their own and no reference counting.
+#[derive(Clone, Debug)]
+struct Key {
+    head: u64,
+    bytes: KeyBytes,
+}
+
+/// Keys up to this long are kept inside the node.
+const INLINE: usize = 46;
+
+#[derive(Clone, Debug)]
+enum KeyBytes {
+    Inline { len: u8, buf: [u8; INLINE] },
+    Shared(Arc<[u8]>),
+}
+
+/// The first 8 bytes of `k` as a big-endian number, zeros past its end:
+/// heads order as the keys do, except that equal heads leave it open.
+#[inline]
+fn head(k: &[u8]) -> u64 {
+    let mut b = [0u8; 8];
+    let n = k.len().min(8);
+    b[..n].copy_from_slice(&k[..n]);
+    u64::from_be_bytes(b)
+}
+
+impl Key {
+    fn new(k: &[u8]) -> Key {
+        Key::with_head(head(k), k)
+    }
+
+    fn with_head(head: u64, k: &[u8]) -> Key {
+        let bytes = if k.len() <= INLINE {
+            let mut buf = [0u8; INLINE];
+            buf[..k.len()].copy_from_slice(k);
+            KeyBytes::Inline {
+                len: k.len() as u8,
+                buf,
+            }
+        } else {
+            KeyBytes::Shared(Arc::from(k))
+        };
+        Key { head, bytes }
+    }
+
+    /// How this key orders against the key `p` looks for.
+    #[inline]
+    fn cmp_probe(&self, p: &Probe<'_>) -> std::cmp::Ordering {
+        self.head.cmp(&p.head).then_with(|| self[..].cmp(p.bytes))
+    }
+
+    /// Whether this is the key `p` looks for.
+    #[inline]
+    fn is(&self, p: &Probe<'_>) -> bool {
+        self.head == p.head && self[..] == *p.bytes
+    }
+}
+
+impl std::ops::Deref for Key {
+    type Target = [u8];
+    #[inline]
+    fn deref(&self) -> &[u8] {
+        match &self.bytes {
+            KeyBytes::Inline { len, buf } => &buf[..*len as usize],
+            KeyBytes::Shared(b) => b,
+        }
+    }
+}
+
+impl PartialEq for Key {
+    fn eq(&self, o: &Key) -> bool {
+        self.head == o.head && self[..] == o[..]
+    }
+}
+
+impl Eq for Key {}
+
+impl PartialOrd for Key {
+    fn partial_cmp(&self, o: &Key) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+
+impl Ord for Key {
+    fn cmp(&self, o: &Key) -> std::cmp::Ordering {
+        self.head.cmp(&o.head).then_with(|| self[..].cmp(&o[..]))
+    }
+}
+
+/// A key looked for, with its head computed once per operation.
+#[derive(Clone, Copy)]
+struct Probe<'a> {
+    head: u64,
+    bytes: &'a [u8],
+}
+
+impl<'a> Probe<'a> {
+    fn new(bytes: &'a [u8]) -> Probe<'a> {
+        Probe {
+            head: head(bytes),
+            bytes,
+        }
+    }
+
+    fn key(&self) -> Key {
+        Key::with_head(self.head, self.bytes)
+    }
+}
 
 enum Node<V> {
     Leaf(Leaf<V>),
@@ -135,12 +258,12 @@ impl<V: Clone> Leaf<V> {
     }
 
     /// The slot holding `key`, if published.
-    fn find(&self, key: &[u8]) -> Option<usize> {
+    fn find(&self, key: &Probe<'_>) -> Option<usize> {
         let n = self.len();
         self.slots[..self.sorted]
-            .binary_search_by(|s| s.get().expect("sorted slots are set").0[..].cmp(key))
+            .binary_search_by(|s| s.get().expect("sorted slots are set").0.cmp_probe(key))
             .ok()
-            .or_else(|| (self.sorted..n).find(|&i| same(&self.entry(i).0, key)))
+            .or_else(|| (self.sorted..n).find(|&i| self.entry(i).0.is(key)))
     }
 
     /// Appends an entry whose key the leaf lacks; the leaf has room. Only
@@ -239,40 +362,57 @@ impl<V: Clone> Node<V> {
     }
 }
 
-/// `a == b`, rejecting most unequal keys by length and first byte before
-/// comparing the rest (the scan of a leaf's appended entries).
-#[inline]
-fn same(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.first() == b.first() && a == b
-}
-
 /// Index of the child of an inner node whose range holds `key`.
-fn child(keys: &[Key], key: &[u8]) -> usize {
-    keys.partition_point(|s| &s[..] <= key)
+#[inline]
+fn child(keys: &[Key], key: &Probe<'_>) -> usize {
+    keys.partition_point(|s| s.cmp_probe(key).is_le())
 }
 
 /// A concurrent ordered map from byte keys to `V`.
 pub struct Index<V> {
     root: ArcSwap<Node<V>>,
     writer: Mutex<()>,
+    /// Most children of an inner node.
     order: usize,
+    /// Most entries of a leaf.
+    leaf: usize,
     len: AtomicU64,
 }
 
 impl<V: Clone + Send + Sync + 'static> Index<V> {
     /// An empty index with nodes of at most `order` entries (at least 4).
+    #[cfg(test)]
     pub fn new(order: usize) -> Index<V> {
-        assert!(order >= 4, "a B+-tree node needs room for at least 4 entries");
+        Index::with_leaves(order, order)
+    }
+
+    /// An empty index with inner nodes of at most `order` children and
+    /// leaves of at most `leaf` entries (each at least 4).
+    pub fn with_leaves(order: usize, leaf: usize) -> Index<V> {
+        assert!(
+            order >= 4 && leaf >= 4,
+            "a B+-tree node needs room for at least 4 entries"
+        );
         Index {
-            root: ArcSwap::from_pointee(Node::Leaf(Leaf::new(order, Vec::new()))),
+            root: ArcSwap::from_pointee(Node::Leaf(Leaf::new(leaf, Vec::new()))),
             writer: Mutex::new(()),
             order,
+            leaf,
             len: AtomicU64::new(0),
         }
     }
 
-    fn min(&self) -> usize {
-        self.order / 2
+    /// Most entries `node` may hold.
+    fn max(&self, node: &Node<V>) -> usize {
+        match node {
+            Node::Leaf(_) => self.leaf,
+            Node::Inner { .. } => self.order,
+        }
+    }
+
+    /// Fewest entries `node` may hold unless it is the root.
+    fn min(&self, node: &Node<V>) -> usize {
+        self.max(node) / 2
     }
 
     pub fn len(&self) -> u64 {
@@ -286,6 +426,7 @@ impl<V: Clone + Send + Sync + 'static> Index<V> {
 
     #[cfg(test)]
     pub fn get(&self, key: &[u8]) -> Option<V> {
+        let key = &Probe::new(key);
         let root = self.root.load_full();
         let mut node: &Node<V> = &root;
         loop {
@@ -297,17 +438,34 @@ impl<V: Clone + Send + Sync + 'static> Index<V> {
     }
 
     /// Inserts or replaces; returns the previous value.
+    #[cfg(test)]
     pub fn insert(&self, key: &[u8], val: V) -> Option<V> {
+        self.insert_with(&Probe::new(key), val, false)
+    }
+
+    /// Inserts a key the caller knows is absent (the engine inserts only
+    /// keys its table reports as new): the leaf is not searched for it
+    /// first. A key already present would be listed twice.
+    pub fn insert_new(&self, key: &[u8], val: V) {
+        debug_assert!(
+            !self.contains(&self.root.load(), &Probe::new(key)),
+            "insert_new of a key the index holds"
+        );
+        let old = self.insert_with(&Probe::new(key), val, true);
+        debug_assert!(old.is_none());
+    }
+
+    fn insert_with(&self, key: &Probe<'_>, val: V, new: bool) -> Option<V> {
         let _w = self.writer.lock();
         let cur = self.root.load_full();
         // The common case: a new key whose path needs no split goes into
         // its leaf in place; nothing is copied or published.
-        if let Some(leaf) = self.room_for(&cur, key) {
-            leaf.append(Key::from(key), val);
+        if let Some(leaf) = self.room_for(&cur, key, new) {
+            leaf.append(key.key(), val);
             self.len.fetch_add(1, Ordering::AcqRel);
             return None;
         }
-        let mut root = if cur.size() >= self.order {
+        let mut root = if cur.size() >= self.max(&cur) {
             let (left, sep, right) = cur.split();
             Node::Inner {
                 keys: vec![sep],
@@ -316,7 +474,7 @@ impl<V: Clone + Send + Sync + 'static> Index<V> {
         } else {
             (*cur).clone()
         };
-        let old = self.insert_in(&mut root, key, val);
+        let old = self.insert_in(&mut root, key, val, new);
         self.root.store(Arc::new(root));
         if old.is_none() {
             self.len.fetch_add(1, Ordering::AcqRel);
@@ -324,10 +482,11 @@ impl<V: Clone + Send + Sync + 'static> Index<V> {
         old
     }
 
-    /// The leaf that takes `key` in place: `key` is not in it and no node
-    /// on its path is full (so proactive splitting has nothing to do).
-    fn room_for<'a>(&self, root: &'a Node<V>, key: &[u8]) -> Option<&'a Leaf<V>> {
-        if root.size() >= self.order {
+    /// The leaf that takes `key` in place: `key` is not in it (`new`: the
+    /// caller knows it is not) and no node on its path is full (so
+    /// proactive splitting has nothing to do).
+    fn room_for<'a>(&self, root: &'a Node<V>, key: &Probe<'_>, new: bool) -> Option<&'a Leaf<V>> {
+        if root.size() >= self.max(root) {
             return None;
         }
         let mut node = root;
@@ -335,22 +494,24 @@ impl<V: Clone + Send + Sync + 'static> Index<V> {
             match node {
                 Node::Inner { keys, kids } => {
                     node = &kids[child(keys, key)];
-                    if node.size() >= self.order {
+                    if node.size() >= self.max(node) {
                         return None;
                     }
                 }
-                Node::Leaf(leaf) => return leaf.find(key).is_none().then_some(leaf),
+                Node::Leaf(leaf) => return (new || leaf.find(key).is_none()).then_some(leaf),
             }
         }
     }
 
-    /// `node` (the writer's own copy) has room for one more entry.
-    fn insert_in(&self, mut node: &mut Node<V>, key: &[u8], val: V) -> Option<V> {
+    /// `node` (the writer's own copy) has room for one more entry; `new`:
+    /// the caller knows `key` is absent.
+    fn insert_in(&self, mut node: &mut Node<V>, key: &Probe<'_>, val: V, new: bool) -> Option<V> {
         loop {
             match node {
                 Node::Leaf(leaf) => {
-                    let Some(i) = leaf.find(key) else {
-                        leaf.append(Key::from(key), val);
+                    let found = if new { None } else { leaf.find(key) };
+                    let Some(i) = found else {
+                        leaf.append(key.key(), val);
                         return None;
                     };
                     let old = leaf.entry(i).0.clone();
@@ -364,9 +525,9 @@ impl<V: Clone + Send + Sync + 'static> Index<V> {
                 }
                 Node::Inner { keys, kids } => {
                     let mut i = child(keys, key);
-                    if kids[i].size() >= self.order {
+                    if kids[i].size() >= self.max(&kids[i]) {
                         let (left, sep, right) = kids[i].split();
-                        let go_right = key >= &sep[..];
+                        let go_right = sep.cmp_probe(key).is_le();
                         kids[i] = Arc::new(left);
                         keys.insert(i, sep);
                         kids.insert(i + 1, Arc::new(right));
@@ -375,8 +536,8 @@ impl<V: Clone + Send + Sync + 'static> Index<V> {
                     // A leaf with room that lacks the key takes it in
                     // place, uncopied (its key range is unchanged).
                     if let Node::Leaf(leaf) = &*kids[i] {
-                        if leaf.find(key).is_none() {
-                            leaf.append(Key::from(key), val);
+                        if new || leaf.find(key).is_none() {
+                            leaf.append(key.key(), val);
                             return None;
                         }
                     }
@@ -387,7 +548,7 @@ impl<V: Clone + Send + Sync + 'static> Index<V> {
     }
 
     /// Whether `key` is in the tree now (the writer's check before copying).
-    fn contains(&self, root: &Node<V>, key: &[u8]) -> bool {
+    fn contains(&self, root: &Node<V>, key: &Probe<'_>) -> bool {
         let mut node = root;
         loop {
             match node {
@@ -399,6 +560,7 @@ impl<V: Clone + Send + Sync + 'static> Index<V> {
 
     /// Removes `key`; returns its value.
     pub fn remove(&self, key: &[u8]) -> Option<V> {
+        let key = &Probe::new(key);
         let _w = self.writer.lock();
         let cur = self.root.load_full();
         // Absent: nothing is copied or published.
@@ -419,14 +581,14 @@ impl<V: Clone + Send + Sync + 'static> Index<V> {
         Some(old)
     }
 
-    fn remove_in(&self, mut node: &mut Node<V>, key: &[u8]) -> Option<V> {
+    fn remove_in(&self, mut node: &mut Node<V>, key: &Probe<'_>) -> Option<V> {
         loop {
             match node {
                 Node::Leaf(leaf) => {
                     leaf.find(key)?;
                     let mut e = leaf.take();
                     let i = e
-                        .binary_search_by(|(k, _)| k[..].cmp(key))
+                        .binary_search_by(|(k, _)| k.cmp_probe(key))
                         .expect("a found key is among the entries");
                     let (_, old) = e.remove(i);
                     leaf.put(e);
@@ -434,7 +596,7 @@ impl<V: Clone + Send + Sync + 'static> Index<V> {
                 }
                 Node::Inner { keys, kids } => {
                     let mut i = child(keys, key);
-                    if kids[i].size() <= self.min() {
+                    if kids[i].size() <= self.min(&kids[i]) {
                         i = self.refill(keys, kids, i);
                     }
                     node = Arc::make_mut(&mut kids[i]);
@@ -447,7 +609,7 @@ impl<V: Clone + Send + Sync + 'static> Index<V> {
     /// a sibling above the minimum, else merges it with a sibling. Returns
     /// the index of the child now holding `i`'s range.
     fn refill(&self, keys: &mut Vec<Key>, kids: &mut Vec<Arc<Node<V>>>, i: usize) -> usize {
-        let min = self.min();
+        let min = self.min(&kids[i]);
         if i > 0 && kids[i - 1].size() > min {
             let (l, r) = kids.split_at_mut(i);
             let (left, me) = (Arc::make_mut(&mut l[i - 1]), Arc::make_mut(&mut r[0]));
@@ -489,7 +651,7 @@ impl<V: Clone + Send + Sync + 'static> Index<V> {
             return i;
         }
         // Both neighbours at the minimum: merge with one (the result has at
-        // most 2 * min <= order entries).
+        // most 2 * min <= max entries).
         let j = if i > 0 { i - 1 } else { i };
         let right = kids.remove(j + 1);
         let sep = keys.remove(j);
@@ -531,11 +693,16 @@ impl<V: Clone + Send + Sync + 'static> Index<V> {
 
     /// Builds the index from every key of `table` (at open): sorted, then
     /// loaded bottom-up ([`Index::from_sorted`]).
-    pub fn rebuild<S: Space>(table: &HashTable<S>, order: usize, mut val: impl FnMut(&[u8], &[u8]) -> V) -> Index<V> {
+    pub fn rebuild<S: Space>(
+        table: &HashTable<S>,
+        order: usize,
+        leaf: usize,
+        mut val: impl FnMut(&[u8], &[u8]) -> V,
+    ) -> Index<V> {
         let mut entries = Vec::new();
         table.for_each(|k, v| entries.push((k.to_vec(), val(k, v))));
         entries.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-        Index::from_sorted(order, entries)
+        Index::from_sorted(order, leaf, entries)
     }
 
     /// Builds the index bottom-up from entries in strictly ascending key
@@ -543,9 +710,9 @@ impl<V: Clone + Send + Sync + 'static> Index<V> {
     /// three quarters, then each level of inner nodes over the one below.
     /// Every node but the root holds between `order / 2` and `order`
     /// entries, as inserts and removes keep them.
-    pub fn from_sorted(order: usize, entries: impl IntoIterator<Item = (Vec<u8>, V)>) -> Index<V> {
-        let index = Index::new(order);
-        let entries: Vec<(Key, V)> = entries.into_iter().map(|(k, v)| (Key::from(k), v)).collect();
+    pub fn from_sorted(order: usize, leaf: usize, entries: impl IntoIterator<Item = (Vec<u8>, V)>) -> Index<V> {
+        let index = Index::with_leaves(order, leaf);
+        let entries: Vec<(Key, V)> = entries.into_iter().map(|(k, v)| (Key::new(&k), v)).collect();
         debug_assert!(
             entries.windows(2).all(|w| w[0].0 < w[1].0),
             "from_sorted needs ascending keys"
@@ -554,25 +721,26 @@ impl<V: Clone + Send + Sync + 'static> Index<V> {
         if n == 0 {
             return index;
         }
-        let (min, fill) = (index.min(), (order * 3 / 4).max(index.min()));
-        // Sizes of `k` nodes over `n` entries: as even as can be, each
-        // between `min` and `order` when there is more than one node.
-        let split = |n: usize| -> Vec<usize> {
+        // Sizes of `k` nodes of at most `max` over `n` entries: as even as
+        // can be, each between `max / 2` and `max` when there is more than
+        // one node.
+        let split = |n: usize, max: usize| -> Vec<usize> {
+            let (min, fill) = (max / 2, (max * 3 / 4).max(max / 2));
             let k = n.div_ceil(fill).min((n / min).max(1));
             (0..k).map(|i| n / k + usize::from(i < n % k)).collect()
         };
         // Each level: the nodes and the smallest key under each.
         let mut level: Vec<(Key, Arc<Node<V>>)> = Vec::new();
         let mut entries = entries.into_iter();
-        for size in split(n) {
+        for size in split(n, leaf) {
             let le: Vec<(Key, V)> = entries.by_ref().take(size).collect();
             let first = le[0].0.clone();
-            level.push((first, Arc::new(Node::Leaf(Leaf::new(order, le)))));
+            level.push((first, Arc::new(Node::Leaf(Leaf::new(leaf, le)))));
         }
         while level.len() > 1 {
             let mut up = Vec::new();
             let mut nodes = level.into_iter();
-            for size in split(nodes.len()) {
+            for size in split(nodes.len(), order) {
                 let group: Vec<(Key, Arc<Node<V>>)> = nodes.by_ref().take(size).collect();
                 let first = group[0].0.clone();
                 let mut seps = Vec::with_capacity(size - 1);
@@ -615,15 +783,15 @@ impl<V: Clone + Send + Sync + 'static> Index<V> {
         leaf_depth: &mut Option<usize>,
     ) -> Result<usize, String> {
         let size = node.size();
-        if size > self.order || (!is_root && size < self.min()) {
+        if size > self.max(node) || (!is_root && size < self.min(node)) {
             return Err(format!(
-                "node of {size} entries at depth {depth} (order {})",
-                self.order
+                "node of {size} entries at depth {depth} (at most {})",
+                self.max(node)
             ));
         }
         let keys: Vec<Key> = match node {
             Node::Leaf(leaf) => {
-                if leaf.cap() != self.order || leaf.sorted > leaf.len() {
+                if leaf.cap() != self.leaf || leaf.sorted > leaf.len() {
                     return Err(format!("leaf of {} slots at depth {depth}", leaf.cap()));
                 }
                 leaf.entries().into_iter().map(|(k, _)| k).collect()
@@ -718,8 +886,8 @@ impl<V: Clone> Iter<V> {
                     let i = match (start, rev) {
                         (Bound::Unbounded, false) => 0,
                         (Bound::Unbounded, true) => kids.len() - 1,
-                        (Bound::Included(k) | Bound::Excluded(k), false) => child(keys, k),
-                        (Bound::Included(k), true) => child(keys, k),
+                        (Bound::Included(k) | Bound::Excluded(k), false) => child(keys, &Probe::new(k)),
+                        (Bound::Included(k), true) => child(keys, &Probe::new(k)),
                         (Bound::Excluded(k), true) => keys.partition_point(|s| s[..] < k[..]),
                     };
                     (kids[i].clone(), if rev { i } else { i + 1 })

@@ -35,8 +35,43 @@ fn model_range(m: &BTreeMap<Vec<u8>, u32>, lo: &Bound<Vec<u8>>, hi: &Bound<Vec<u
 }
 
 fn key_strategy() -> impl Strategy<Value = Vec<u8>> {
-    // A small alphabet, so keys collide, share prefixes and include 0xff.
-    proptest::collection::vec(prop_oneof![Just(0u8), Just(1), Just(2), Just(0xfe), Just(0xff)], 0..4)
+    // A small alphabet, so keys collide, share prefixes and include 0xff;
+    // some start with the same 8 bytes and differ only past a key's head
+    // (`Key::head`), some end inside it with zeros, and some are longer
+    // than a node keeps inline (`INLINE`).
+    let short = proptest::collection::vec(prop_oneof![Just(0u8), Just(1), Just(2), Just(0xfe), Just(0xff)], 0..4);
+    (0..3u8, short).prop_map(|(long, k)| match long {
+        0 => k,
+        1 => [&[1, 0, 0, 0, 0, 0, 0, 0][..], &k].concat(),
+        _ => [&[1u8; INLINE - 1][..], &k].concat(),
+    })
+}
+
+#[test]
+fn inline_heads_order_keys_as_their_bytes() {
+    let long = [7u8; INLINE + 3];
+    let keys: [&[u8]; 12] = [
+        &long[..INLINE],
+        &long,
+        b"",
+        b"\0",
+        b"a",
+        b"a\0",
+        b"a\0\0\0\0\0\0\0",
+        b"a\0\0\0\0\0\0\0\0",
+        b"a\0\0\0\0\0\0\0\x01",
+        b"abcdefgh",
+        b"abcdefghi",
+        b"abcdefgi",
+    ];
+    for a in keys {
+        for b in keys {
+            let (ka, kb) = (Key::new(a), Key::new(b));
+            assert_eq!(ka.cmp(&kb), a.cmp(b), "{a:?} against {b:?}");
+            assert_eq!(ka.cmp_probe(&Probe::new(b)), a.cmp(b), "{a:?} against {b:?}");
+            assert_eq!(ka.is(&Probe::new(b)), a == b);
+        }
+    }
 }
 
 fn bound_strategy() -> impl Strategy<Value = Bound<Vec<u8>>> {
@@ -53,13 +88,19 @@ proptest! {
     #[test]
     fn matches_btreemap(
         order in 4usize..9,
+        leaf in 4usize..13,
         ops in proptest::collection::vec((any::<bool>(), key_strategy(), any::<u32>()), 0..300),
         queries in proptest::collection::vec((bound_strategy(), bound_strategy(), key_strategy()), 1..8),
     ) {
-        let index = Index::new(order);
+        // Leaves and inner nodes of different sizes, as the engine's.
+        let index = Index::with_leaves(order, leaf);
         let mut model = BTreeMap::new();
         for (insert, k, v) in ops {
-            if insert {
+            if insert && !model.contains_key(&k) && v % 2 == 0 {
+                // The engine's path: a key known to be new.
+                index.insert_new(&k, v);
+                model.insert(k, v);
+            } else if insert {
                 prop_assert_eq!(index.insert(&k, v), model.insert(k, v));
             } else {
                 prop_assert_eq!(index.remove(&k), model.remove(&k));
@@ -237,7 +278,7 @@ fn inserts_append_in_place_until_a_split() {
     // Replacing a value copies the leaf; the old one keeps the old value.
     assert_eq!(index.insert(&[3], 10), Some(9));
     assert!(!Arc::ptr_eq(&before, &index.root.load_full()));
-    assert_eq!(leaf.entry(leaf.find(&[3]).unwrap()).1, 9);
+    assert_eq!(leaf.entry(leaf.find(&Probe::new(&[3])).unwrap()).1, 9);
     assert_eq!(index.get(&[3]), Some(10));
     index.check().unwrap();
 }
@@ -258,7 +299,7 @@ fn rebuilds_from_the_hash_table() {
         table.put(&k, &i.to_le_bytes()).unwrap();
         model.insert(k, i);
     }
-    let index = Index::rebuild(&table, 16, |_, v| u32::from_le_bytes(v.try_into().unwrap()));
+    let index = Index::rebuild(&table, 16, 24, |_, v| u32::from_le_bytes(v.try_into().unwrap()));
     index.check().unwrap();
     let got: Vec<_> = index.range(Bound::Unbounded, Bound::Unbounded).collect();
     let want_prefix = model.keys().filter(|k| k.starts_with(b"user/01")).count();
@@ -272,10 +313,10 @@ fn rebuilds_from_the_hash_table() {
 #[test]
 fn loads_sorted_keys_bottom_up() {
     for n in [
-        0usize, 1, 5, 31, 32, 33, 47, 48, 49, 63, 64, 65, 100, 1000, 3001, 20_000,
+        0usize, 1, 5, 31, 32, 33, 47, 48, 49, 63, 64, 65, 95, 96, 97, 127, 128, 129, 100, 1000, 3001, 20_000,
     ] {
         let keys: Vec<Vec<u8>> = (0..n).map(|i| format!("{:08}", i * 2).into_bytes()).collect();
-        let idx: Index<u32> = Index::from_sorted(ORDER, keys.iter().cloned().zip(0u32..));
+        let idx: Index<u32> = Index::from_sorted(ORDER, LEAF, keys.iter().cloned().zip(0u32..));
         idx.check().unwrap_or_else(|e| panic!("n = {n}: {e}"));
         assert_eq!(idx.len(), n as u64);
         let got: Vec<Vec<u8>> = idx.range(Bound::Unbounded, Bound::Unbounded).map(|(k, _)| k).collect();

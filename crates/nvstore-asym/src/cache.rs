@@ -11,7 +11,7 @@
 //! of each window of lookups (above 50%: one level fewer; below 25%: one
 //! more), so the hot upper levels of a tree stay cached.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 use rand::rngs::StdRng as SmallRng;
 use rand::{Rng, SeedableRng};
@@ -23,8 +23,17 @@ const WINDOW: u64 = 512;
 
 struct Entry {
     data: Vec<u8>,
-    last: u64,
+    /// Index of the entry's slot.
+    slot: usize,
+}
+
+/// What eviction ranks an entry by, kept in one array so a sample reads
+/// no tree nodes: its address, level and last use.
+#[derive(Clone, Copy)]
+struct Slot {
+    addr: u64,
     depth: u32,
+    last: u64,
 }
 
 /// A byte-bounded object cache.
@@ -32,8 +41,7 @@ pub struct Cache {
     cap: usize,
     used: usize,
     map: BTreeMap<u64, Entry>,
-    keys: Vec<u64>,
-    pos: HashMap<u64, usize>,
+    slots: Vec<Slot>,
     tick: u64,
     rng: SmallRng,
     /// Deepest level admitted.
@@ -52,8 +60,7 @@ impl Cache {
             cap,
             used: 0,
             map: BTreeMap::new(),
-            keys: Vec::new(),
-            pos: HashMap::new(),
+            slots: Vec::new(),
             tick: 0,
             rng: SmallRng::seed_from_u64(0x5eed),
             limit: max_depth,
@@ -88,7 +95,7 @@ impl Cache {
         self.win_lookups += 1;
         let r = match self.map.get_mut(&addr) {
             Some(e) if e.data.len() >= len => {
-                e.last = self.tick;
+                self.slots[e.slot].last = self.tick;
                 self.hits += 1;
                 Some(e.data[..len].to_vec())
             }
@@ -122,21 +129,23 @@ impl Cache {
             return;
         }
         self.remove(addr);
-        while self.used + data.len() > self.cap && !self.keys.is_empty() {
+        while self.used + data.len() > self.cap && !self.slots.is_empty() {
             self.evict_one();
         }
         self.tick += 1;
         self.used += data.len();
-        self.pos.insert(addr, self.keys.len());
-        self.keys.push(addr);
         self.map.insert(
             addr,
             Entry {
                 data,
-                last: self.tick,
-                depth,
+                slot: self.slots.len(),
             },
         );
+        self.slots.push(Slot {
+            addr,
+            depth,
+            last: self.tick,
+        });
     }
 
     /// Applies a write to every cached object it overlaps.
@@ -159,10 +168,10 @@ impl Cache {
     pub fn remove(&mut self, addr: u64) {
         if let Some(e) = self.map.remove(&addr) {
             self.used -= e.data.len();
-            let i = self.pos.remove(&addr).expect("indexed");
-            self.keys.swap_remove(i);
-            if i < self.keys.len() {
-                self.pos.insert(self.keys[i], i);
+            let i = e.slot;
+            self.slots.swap_remove(i);
+            if let Some(moved) = self.slots.get(i) {
+                self.map.get_mut(&moved.addr).expect("indexed").slot = i;
             }
         }
     }
@@ -170,26 +179,22 @@ impl Cache {
     /// Drops everything (after the back-end restarted).
     pub fn clear(&mut self) {
         self.map.clear();
-        self.keys.clear();
-        self.pos.clear();
+        self.slots.clear();
         self.used = 0;
     }
 
     /// Evicts the least recently used of the deepest level in a random sample.
     fn evict_one(&mut self) {
-        let n = self.keys.len();
-        let rank = |e: &Entry| (std::cmp::Reverse(e.depth), e.last);
-        let mut victim = self.keys[self.rng.gen_range(0..n)];
-        let mut best = rank(&self.map[&victim]);
+        let n = self.slots.len();
+        let rank = |s: &Slot| (std::cmp::Reverse(s.depth), s.last);
+        let mut victim = self.slots[self.rng.gen_range(0..n)];
         for _ in 1..SAMPLE.min(n) {
-            let k = self.keys[self.rng.gen_range(0..n)];
-            let r = rank(&self.map[&k]);
-            if r < best {
-                best = r;
-                victim = k;
+            let s = self.slots[self.rng.gen_range(0..n)];
+            if rank(&s) < rank(&victim) {
+                victim = s;
             }
         }
-        self.remove(victim);
+        self.remove(victim.addr);
     }
 }
 
@@ -205,7 +210,7 @@ mod tests {
             assert!(c.used <= 1000);
         }
         assert_eq!(c.len(), 10);
-        let k = *c.keys.first().unwrap();
+        let k = c.slots.first().unwrap().addr;
         c.write(k + 50, &[7; 80]);
         let got = c.get(k, 100).unwrap();
         assert_eq!(&got[50..], &[7; 50][..]);

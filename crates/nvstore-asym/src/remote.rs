@@ -633,6 +633,29 @@ impl Remote {
         Ok(())
     }
 
+    /// Rewrites the object at `addr`, whose bytes were `old`, as `new`,
+    /// sending only the 8-byte words that differ: runs of changed words
+    /// (joined across gaps of under [`DIFF_GAP`] bytes) become one memory
+    /// log each, so a batch carries what an operation changed, not whole
+    /// nodes. Naive mode writes the one span from the first changed word to
+    /// the last (one round trip, as the whole object was).
+    pub fn write_changes(&mut self, addr: u64, old: &[u8], new: &[u8]) -> Result<()> {
+        if old.len() != new.len() {
+            return self.write(addr, new);
+        }
+        let spans = changed_spans(old, new);
+        if self.opts.mode == Mode::Naive {
+            if let (Some(&(lo, _)), Some(&(_, hi))) = (spans.first(), spans.last()) {
+                return self.write(addr + lo as u64, &new[lo..hi]);
+            }
+            return Ok(());
+        }
+        for (lo, hi) in spans {
+            self.write(addr + lo as u64, &new[lo..hi])?;
+        }
+        Ok(())
+    }
+
     /// Writes a new object and caches it at `depth`.
     pub fn write_new(&mut self, addr: u64, data: &[u8], depth: u32) -> Result<()> {
         self.write(addr, data)?;
@@ -982,6 +1005,28 @@ impl Remote {
     }
 }
 
+/// Changed words closer than this are sent in one memory log (a log's
+/// own header is about this size).
+pub const DIFF_GAP: usize = 32;
+
+/// Byte ranges `[lo, hi)` of the 8-byte words in which `old` and `new`
+/// (of equal length) differ, runs closer than [`DIFF_GAP`] joined.
+pub fn changed_spans(old: &[u8], new: &[u8]) -> Vec<(usize, usize)> {
+    let mut spans: Vec<(usize, usize)> = Vec::new();
+    let mut i = 0;
+    while i < new.len() {
+        let end = (i + 8).min(new.len());
+        if old[i..end] != new[i..end] {
+            match spans.last_mut() {
+                Some(last) if i - last.1 < DIFF_GAP => last.1 = end,
+                _ => spans.push((i, end)),
+            }
+        }
+        i = end;
+    }
+    spans
+}
+
 fn check(r: Reply, what: &'static str) -> Result<Reply> {
     match r {
         Reply::Err(code, msg) => Err(Error::Verb { verb: what, code, msg }),
@@ -1040,5 +1085,32 @@ impl Drop for FlushTimer {
         if let Some(h) = self.handle.take() {
             let _ = h.join();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{changed_spans, DIFF_GAP};
+
+    #[test]
+    fn changed_spans_cover_every_changed_word_and_join_close_ones() {
+        let old = vec![0u8; 256];
+        let mut new = old.clone();
+        assert!(changed_spans(&old, &new).is_empty());
+        new[3] = 1; // word 0
+        new[8 + DIFF_GAP - 8] = 1; // word 4 (gap 24 bytes < DIFF_GAP): joined
+        new[200] = 1; // word 25: its own span
+        new[255] = 1; // last word
+        assert_eq!(changed_spans(&old, &new), vec![(0, 40), (200, 208), (248, 256)]);
+        // Every changed byte is inside a span, and applying the spans gives `new`.
+        let mut patched = old.clone();
+        for (lo, hi) in changed_spans(&old, &new) {
+            patched[lo..hi].copy_from_slice(&new[lo..hi]);
+        }
+        assert_eq!(patched, new);
+        // A length that is not a multiple of 8.
+        let (a, mut b) = (vec![7u8; 13], vec![7u8; 13]);
+        b[12] = 0;
+        assert_eq!(changed_spans(&a, &b), vec![(8, 13)]);
     }
 }

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use rand::{Rng, SeedableRng};
 
-use nvstore_asym::structures::hash::bucket_of;
+use nvstore_asym::structures::hash::{bucket_of, fingerprint, may_hold, summary_of, FPS};
 use nvstore_asym::structures::skiplist::height_of;
 use nvstore_asym::structures::{recover, BpTree, Bst, HashTable, SkipList};
 use nvstore_asym::{LocalTransport, Mode, Remote, RemoteOptions};
@@ -191,18 +191,32 @@ fn insert_round_trips<T: Kv>(mode: Mode, batch: usize, open: fn(&mut Remote) -> 
 
 #[test]
 fn hash_table_round_trips_per_insert_are_exact_in_each_mode() {
-    let keys: Vec<u64> = (0..200u64).map(|i| i * 7919 + 3).collect();
-    // Chain length each insert walks: keys of its bucket inserted before it.
-    let mut per_bucket: HashMap<u64, u64> = HashMap::new();
-    let mut walked = 0;
+    // About 9 keys a bucket: chains outgrow their summaries' fingerprints.
+    let keys: Vec<u64> = (0..600u64).map(|i| i * 7919 + 3).collect();
+    // Chain length each insert walks: keys of its bucket inserted before
+    // it, when the bucket's summary cannot rule the new key out (a chain
+    // longer than FPS, or a fingerprint equal to one of the chain's).
+    let mut per_bucket: HashMap<u64, Vec<u64>> = HashMap::new();
+    let (mut walked, mut ruled_out) = (0, 0);
     for &k in &keys {
-        let c = per_bucket.entry(bucket_of(k, 64)).or_default();
-        walked += *c;
-        *c += 1;
+        let chain = per_bucket.entry(bucket_of(k, 64)).or_default();
+        if may_hold(summary_of(chain), k) {
+            walked += chain.len() as u64;
+        } else if !chain.is_empty() {
+            ruled_out += 1;
+        }
+        let fp_clash = chain.iter().any(|c| fingerprint(*c) == fingerprint(k));
+        assert_eq!(
+            may_hold(summary_of(chain), k),
+            chain.len() > FPS || fp_clash,
+            "the summary rules out exactly the keys it can"
+        );
+        chain.push(k);
     }
     let n = keys.len() as u64;
     assert!(walked > 0, "some chains are walked");
-    // naive: metadata, bucket word, each chain node; write node, bucket word, count.
+    assert!(ruled_out > 0, "some non-empty chains are skipped by their summary");
+    // naive: metadata, bucket, each chain node walked; write node, bucket, count.
     assert_eq!(
         insert_round_trips(Mode::Naive, 1, open_hash, &keys),
         (5 * n + walked, 0)

@@ -134,7 +134,9 @@ impl AsymResult {
 pub(crate) fn item_bytes(structure: &str) -> u64 {
     match structure {
         "bptree" | "mvbpt" => 100,
-        // Node plus a bucket word; skiplist nodes average 1 1/3 links.
+        // Node plus a bucket word (buckets are 16 bytes now: this is a
+        // little under the table's size, so the cache is if anything smaller
+        // than --cache-pct says); skiplist nodes average 1 1/3 links.
         "hash" => 88,
         "skiplist" => 91,
         // 88-byte nodes in 96-byte blocks.

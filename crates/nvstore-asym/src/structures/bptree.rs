@@ -157,8 +157,14 @@ impl BpTree {
     }
 
     fn read_node(r: &mut Remote, at: u64, depth: u64, height: u64) -> Result<Node> {
+        Ok(Self::read_raw(r, at, depth, height)?.0)
+    }
+
+    /// A node and the bytes it was parsed from (what its rewrite is diffed against).
+    fn read_raw(r: &mut Remote, at: u64, depth: u64, height: u64) -> Result<(Node, Vec<u8>)> {
         let size = if depth + 1 == height { LEAF_SIZE } else { INNER_SIZE };
-        Ok(Node::parse(&r.read(at, size, depth as u32 + 1)?))
+        let b = r.read(at, size, depth as u32 + 1)?;
+        Ok((Node::parse(&b), b))
     }
 
     pub fn len(&self, r: &mut Remote) -> Result<u64> {
@@ -217,7 +223,7 @@ impl BpTree {
         let mut m = self.get_meta(r)?;
         let mut at = m.root;
         for depth in 0..m.height {
-            let mut n = Self::read_node(r, at, depth, m.height)?;
+            let (mut n, old) = Self::read_raw(r, at, depth, m.height)?;
             if !n.leaf {
                 at = n.kids[n.keys.partition_point(|k| *k <= key)];
                 continue;
@@ -227,7 +233,7 @@ impl BpTree {
             };
             n.keys.remove(i);
             let v = n.vals.remove(i);
-            r.write(at, &n.bytes())?;
+            r.write_changes(at, &old, &n.bytes())?;
             m.count -= 1;
             self.put_meta(r, &m, false)?;
             return Ok(Some(v));
@@ -240,16 +246,16 @@ impl BpTree {
         let mut path = Vec::new();
         let mut at = m.root;
         for depth in 0..m.height {
-            let n = Self::read_node(r, at, depth, m.height)?;
+            let (n, old) = Self::read_raw(r, at, depth, m.height)?;
             let next = if n.leaf {
                 0
             } else {
                 n.kids[n.keys.partition_point(|k| *k <= key)]
             };
-            path.push((at, n));
+            path.push((at, n, old));
             at = next;
         }
-        let (leaf_at, mut leaf) = path.pop().unwrap();
+        let (leaf_at, mut leaf, mut old) = path.pop().unwrap();
         match leaf.keys.binary_search(&key) {
             Ok(i) => {
                 leaf.vals[i] = value.to_vec();
@@ -266,7 +272,7 @@ impl BpTree {
         let mut node = leaf;
         loop {
             if node.keys.len() <= FANOUT {
-                r.write(node_at, &node.bytes())?;
+                r.write_changes(node_at, &old, &node.bytes())?;
                 break;
             }
             // Split: the right half moves to a new node.
@@ -296,14 +302,15 @@ impl BpTree {
             };
             let depth = path.len() as u32 + 1;
             r.write_new(right_at, &right.bytes(), depth)?;
-            r.write(node_at, &node.bytes())?;
+            r.write_changes(node_at, &old, &node.bytes())?;
             match path.pop() {
-                Some((pa, mut p)) => {
+                Some((pa, mut p, pold)) => {
                     let i = p.keys.partition_point(|k| *k <= sep);
                     p.keys.insert(i, sep);
                     p.kids.insert(i + 1, right_at);
                     node_at = pa;
                     node = p;
+                    old = pold;
                 }
                 None => {
                     let root_at = r.alloc(INNER_SIZE as u64)?;

@@ -1,8 +1,12 @@
 //! Hash table with separate chaining (AsymNVM §8.2, §9.2): a fixed array of
-//! bucket words, each the head of a chain of 80-byte nodes
-//! `{next, key, value[64]}`. New keys are pushed at the head of their
-//! chain. The metadata object `{buckets, nbuckets, count}` is cached at
-//! depth 0, bucket words at depth 1 and chain nodes at depth 2, so with a
+//! 16-byte buckets, each the head of a chain of 80-byte nodes
+//! `{next, key, value[64]}` and a summary word: the chain's length
+//! (saturating) in its top byte and, while the chain has at most
+//! [`FPS`] nodes, a one-byte fingerprint of each of its keys. New keys are
+//! pushed at the head of their chain. A key whose fingerprint the summary
+//! does not hold is absent, so an insert of a new key reads its bucket and
+//! no node. The metadata object `{buckets, nbuckets, count}` is cached at
+//! depth 0, buckets at depth 1 and chain nodes at depth 2, so with a
 //! warm cache an insert needs no remote read; every write operation is one
 //! operation log and its writes are memory logs.
 
@@ -11,11 +15,52 @@ use crate::{Error, Remote, Result};
 
 const NODE: u64 = 16 + VALUE as u64;
 const META: usize = 24;
+/// Bytes per bucket: the chain's head and its summary word.
+pub const BUCKET: u64 = 16;
+/// Fingerprints a summary word holds (its top byte is the chain length).
+pub const FPS: usize = 7;
 const OP_PUT: u8 = 1;
 const OP_DEL: u8 = 2;
 
 /// A node found on a chain: `(previous node or 0, address, bytes)`.
 type Found = (u64, u64, Vec<u8>);
+
+/// The one-byte fingerprint of `key` in a bucket's summary (never 0, which
+/// marks a free byte), from other bits than [`bucket_of`] uses.
+pub fn fingerprint(key: u64) -> u8 {
+    ((key.wrapping_mul(0xD6E8_FEB8_6659_FD93) >> 56) as u8).max(1)
+}
+
+/// The summary of a chain holding `keys`.
+pub fn summary_of(keys: &[u64]) -> u64 {
+    let mut s = (keys.len().min(255) as u64) << 56;
+    if keys.len() <= FPS {
+        for (i, k) in keys.iter().enumerate() {
+            s |= (fingerprint(*k) as u64) << (8 * i);
+        }
+    }
+    s
+}
+
+/// Whether a chain with summary `s` may hold `key` (it does not if not).
+pub fn may_hold(s: u64, key: u64) -> bool {
+    let len = (s >> 56) as usize;
+    if len > FPS {
+        return true;
+    }
+    let fp = fingerprint(key);
+    (0..len).any(|i| (s >> (8 * i)) as u8 == fp)
+}
+
+/// The summary after pushing `key` on a chain whose summary was `s`.
+fn summary_push(s: u64, key: u64) -> u64 {
+    let len = (s >> 56) as usize;
+    let mut t = (((len + 1).min(255)) as u64) << 56 | (s & ((1 << 56) - 1));
+    if len < FPS {
+        t |= (fingerprint(key) as u64) << (8 * len);
+    }
+    t
+}
 
 /// A hash table of `u64` keys and 64-byte values on a back-end.
 pub struct HashTable {
@@ -43,8 +88,8 @@ impl HashTable {
             });
         }
         let nbuckets = nbuckets.max(1).next_power_of_two();
-        let buckets = r.alloc(nbuckets * 8)?;
-        r.write(buckets, &vec![0u8; nbuckets as usize * 8])?;
+        let buckets = r.alloc(nbuckets * BUCKET)?;
+        r.write(buckets, &vec![0u8; (nbuckets * BUCKET) as usize])?;
         let meta = r.alloc(META as u64)?;
         let t = HashTable {
             meta,
@@ -66,7 +111,7 @@ impl HashTable {
     }
 
     fn slot(&self, key: u64) -> u64 {
-        self.buckets + 8 * bucket_of(key, self.nbuckets)
+        self.buckets + BUCKET * bucket_of(key, self.nbuckets)
     }
 
     fn count(&self, r: &mut Remote) -> Result<u64> {
@@ -85,26 +130,41 @@ impl HashTable {
         Ok(self.len(r)? == 0)
     }
 
-    /// Walks `key`'s chain: its head, and the key's `(previous node or 0,
-    /// node address, node bytes)` if present.
-    fn find(&self, r: &mut Remote, key: u64) -> Result<(u64, Option<Found>)> {
-        let slot = self.slot(key);
-        let head = u64_at(&r.read(slot, 8, 1)?, 0);
+    /// Walks `key`'s chain: its head and summary, and the key's `(previous
+    /// node or 0, node address, node bytes)` if present. Reads no node when
+    /// the summary rules the key out.
+    fn find(&self, r: &mut Remote, key: u64) -> Result<(u64, u64, Option<Found>)> {
+        let b = r.read(self.slot(key), BUCKET as usize, 1)?;
+        let (head, summary) = (u64_at(&b, 0), u64_at(&b, 8));
+        if !may_hold(summary, key) {
+            return Ok((head, summary, None));
+        }
         let (mut prev, mut at) = (0u64, head);
         while at != 0 {
             let n = r.read(at, NODE as usize, 2)?;
             if u64_at(&n, 8) == key {
-                return Ok((head, Some((prev, at, n))));
+                return Ok((head, summary, Some((prev, at, n))));
             }
             prev = at;
             at = u64_at(&n, 0);
         }
-        Ok((head, None))
+        Ok((head, summary, None))
+    }
+
+    /// The keys on the chain starting at `at`, in chain order.
+    fn chain_keys(r: &mut Remote, mut at: u64) -> Result<Vec<u64>> {
+        let mut keys = Vec::new();
+        while at != 0 {
+            let n = r.read(at, NODE as usize, 2)?;
+            keys.push(u64_at(&n, 8));
+            at = u64_at(&n, 0);
+        }
+        Ok(keys)
     }
 
     /// The value of `key`.
     pub fn get(&self, r: &mut Remote, key: u64) -> Result<Option<Vec<u8>>> {
-        Ok(self.find(r, key)?.1.map(|(_, _, n)| n[16..].to_vec()))
+        Ok(self.find(r, key)?.2.map(|(_, _, n)| n[16..].to_vec()))
     }
 
     /// Inserts or replaces `key`; durable when it returns.
@@ -123,7 +183,7 @@ impl HashTable {
 
     fn do_put(&mut self, r: &mut Remote, key: u64, value: &[u8]) -> Result<()> {
         let count = self.count(r)?;
-        let (head, found) = self.find(r, key)?;
+        let (head, summary, found) = self.find(r, key)?;
         if let Some((_, at, _)) = found {
             return r.write(at + 16, value);
         }
@@ -133,7 +193,9 @@ impl HashTable {
         node.extend_from_slice(&key.to_le_bytes());
         node.extend_from_slice(value);
         r.write_new(n, &node, 2)?;
-        r.write(self.slot(key), &n.to_le_bytes())?;
+        let mut bucket = n.to_le_bytes().to_vec();
+        bucket.extend_from_slice(&summary_push(summary, key).to_le_bytes());
+        r.write(self.slot(key), &bucket)?;
         self.set_count(r, count + 1)
     }
 
@@ -147,15 +209,21 @@ impl HashTable {
 
     fn do_remove(&mut self, r: &mut Remote, key: u64) -> Result<Option<Vec<u8>>> {
         let count = self.count(r)?;
-        let Some((prev, at, n)) = self.find(r, key)?.1 else {
+        let (head, _, found) = self.find(r, key)?;
+        let Some((prev, at, n)) = found else {
             return Ok(None);
         };
         let next = &n[..8];
-        if prev == 0 {
-            r.write(self.slot(key), next)?;
-        } else {
+        if prev != 0 {
             r.write(prev, next)?;
         }
+        // The summary of what stays on the chain (the whole chain read).
+        let mut rest = Self::chain_keys(r, head)?;
+        rest.retain(|k| *k != key);
+        let new_head = if prev == 0 { u64_at(next, 0) } else { head };
+        let mut bucket = new_head.to_le_bytes().to_vec();
+        bucket.extend_from_slice(&summary_of(&rest).to_le_bytes());
+        r.write(self.slot(key), &bucket)?;
         r.free(at, NODE)?;
         self.set_count(r, count - 1)?;
         Ok(Some(n[16..].to_vec()))
@@ -163,7 +231,9 @@ impl HashTable {
 
     /// Every pair, bucket by bucket (all bucket words in one round trip on a miss).
     pub fn items(&self, r: &mut Remote) -> Result<Vec<(u64, Vec<u8>)>> {
-        let slots: Vec<(u64, usize, u32)> = (0..self.nbuckets).map(|i| (self.buckets + 8 * i, 8, 1)).collect();
+        let slots: Vec<(u64, usize, u32)> = (0..self.nbuckets)
+            .map(|i| (self.buckets + BUCKET * i, BUCKET as usize, 1))
+            .collect();
         let heads = r.read_many(&slots)?;
         let mut out = Vec::new();
         for h in heads {

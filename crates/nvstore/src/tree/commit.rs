@@ -363,7 +363,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
                 // decides, so the old one needs no NEGATIVE twin): the leaf
                 // fills half as fast. A delete appends the NEGATIVE one.
                 let need = 1;
-                if n + need > L::capacity(leaf.size) {
+                if n + need > L::room(sp, leaf) {
                     return Ok(OneStep::Full);
                 }
                 let blob = match value

@@ -158,6 +158,35 @@ fn hash_table_agrees_with_a_model_in_every_mode_and_after_reopen() {
     agrees_with_a_model(open_hash);
 }
 
+/// A table written with another bucket layout (an older build's: its count
+/// word's top byte 0) is refused with a clear error, not misread.
+#[test]
+fn a_hash_table_of_another_layout_is_refused() {
+    let b = backend();
+    let mut r = Remote::open(LocalTransport::new(b.clone()), opts(Mode::Naive, 1)).unwrap();
+    let mut t = open_hash(&mut r);
+    t.put(&mut r, 7, &val(7)).unwrap();
+    assert_eq!(t.len(&mut r).unwrap(), 1);
+    let meta = r.name_get("h").unwrap().unwrap();
+    r.write(meta + 16, &1u64.to_le_bytes()).unwrap();
+    r.flush().unwrap();
+    let err = HashTable::open(&mut r, "h", 64)
+        .err()
+        .expect("an old-layout table opened");
+    let msg = err.to_string();
+    assert!(msg.contains("bucket layout 1") && msg.contains("recreate"), "{msg}");
+    // The current layout still opens, with its count.
+    r.write(
+        meta + 16,
+        &(1u64 | nvstore_asym::structures::hash::LAYOUT << 56).to_le_bytes(),
+    )
+    .unwrap();
+    r.flush().unwrap();
+    let t = HashTable::open(&mut r, "h", 64).unwrap();
+    assert_eq!(t.len(&mut r).unwrap(), 1);
+    assert_eq!(t.get(&mut r, 7).unwrap(), Some(val(7)));
+}
+
 #[test]
 fn bptree_with_removes_agrees_with_a_model_in_every_mode_and_after_reopen() {
     agrees_with_a_model(open_bptree);

@@ -5,7 +5,8 @@
 //! [`FPS`] nodes, a one-byte fingerprint of each of its keys. New keys are
 //! pushed at the head of their chain. A key whose fingerprint the summary
 //! does not hold is absent, so an insert of a new key reads its bucket and
-//! no node. The metadata object `{buckets, nbuckets, count}` is cached at
+//! no node. The metadata object `{buckets, nbuckets, count}` (the count's
+//! top byte holds the bucket [`LAYOUT`]) is cached at
 //! depth 0, buckets at depth 1 and chain nodes at depth 2, so with a
 //! warm cache an insert needs no remote read; every write operation is one
 //! operation log and its writes are memory logs.
@@ -15,6 +16,13 @@ use crate::{Error, Remote, Result};
 
 const NODE: u64 = 16 + VALUE as u64;
 const META: usize = 24;
+/// The bucket layout this build writes, in the top byte of the metadata's
+/// count word: 2 since buckets carry a summary word (layout 1 had 8-byte
+/// buckets and left the byte 0). A table of another layout is refused
+/// when opened instead of misread.
+pub const LAYOUT: u64 = 2;
+const LAYOUT_SHIFT: u32 = 56;
+const COUNT_MASK: u64 = (1 << LAYOUT_SHIFT) - 1;
 /// Bytes per bucket: the chain's head and its summary word.
 pub const BUCKET: u64 = 16;
 /// Fingerprints a summary word holds (its top byte is the chain length).
@@ -81,6 +89,14 @@ impl HashTable {
     pub fn open(r: &mut Remote, name: &str, nbuckets: u64) -> Result<HashTable> {
         if let Some(meta) = r.name_get(name)? {
             let b = r.read(meta, META, 0)?;
+            let layout = u64_at(&b, 16) >> LAYOUT_SHIFT;
+            if layout != LAYOUT {
+                return Err(Error::NotAPool(format!(
+                    "hash table `{name}` has bucket layout {} and this build reads layout {LAYOUT}: \
+                     it was written by another build; recreate it under a new name",
+                    layout.max(1)
+                )));
+            }
             return Ok(HashTable {
                 meta,
                 buckets: u64_at(&b, 0),
@@ -97,7 +113,7 @@ impl HashTable {
             nbuckets,
         };
         let mut b = Vec::with_capacity(META);
-        for w in [buckets, nbuckets, 0] {
+        for w in [buckets, nbuckets, LAYOUT << LAYOUT_SHIFT] {
             b.extend_from_slice(&w.to_le_bytes());
         }
         r.write_new(meta, &b, 0)?;
@@ -115,11 +131,11 @@ impl HashTable {
     }
 
     fn count(&self, r: &mut Remote) -> Result<u64> {
-        Ok(u64_at(&r.read(self.meta, META, 0)?, 16))
+        Ok(u64_at(&r.read(self.meta, META, 0)?, 16) & COUNT_MASK)
     }
 
     fn set_count(&self, r: &mut Remote, count: u64) -> Result<()> {
-        r.write(self.meta + 16, &count.to_le_bytes())
+        r.write(self.meta + 16, &(count | LAYOUT << LAYOUT_SHIFT).to_le_bytes())
     }
 
     pub fn len(&self, r: &mut Remote) -> Result<u64> {

@@ -249,7 +249,10 @@ fn read_nv<S: Space>(
         rep.note(format!("leaf {off}: no usable size"));
         return;
     };
-    let cap = nv::max_count(size);
+    let mut layout = Layout::read(s, off);
+    // The leaf's capacity with its prefix, or without one when the prefix
+    // word itself cannot be right (it would not fit the leaf).
+    let cap = nv::capacity_at(size, layout.compact).max(nv::capacity(size));
     let mut count = s.load(NvLeaf::at(off).count_word());
     if count > cap {
         rep.note(format!(
@@ -257,7 +260,6 @@ fn read_nv<S: Space>(
         ));
         count = cap;
     }
-    let mut layout = Layout::read(s, off);
     if !layout.valid(size, count) {
         rep.note(format!(
             "leaf {off}: invalid compact prefix {}; skipped it",
@@ -472,6 +474,33 @@ mod tests {
         let (got, rep) = read_space(&*s, &h);
         assert_eq!(rep.skipped_elements, 1, "{rep:?}");
         assert!(got.len() >= want.len() - 2, "{} of {}", got.len(), want.len());
+    }
+
+    #[test]
+    fn a_damaged_count_keeps_the_compact_prefix() {
+        let opts = Options {
+            node_size: 256,
+            adaptive: crate::tree::adaptive::Strategy::Off,
+            ..Options::default()
+        };
+        let db = Db::create_in(SimSpace::new(1 << 20), Path::new("t.nvs"), &opts).unwrap();
+        let mut want = BTreeMap::new();
+        for i in 0..200u64 {
+            let k = (i * 7919 % 1009).to_be_bytes();
+            db.put(&k, &i.to_le_bytes()).unwrap();
+            want.insert(k.to_vec(), i.to_le_bytes().to_vec());
+        }
+        let s = db.close_into_space().unwrap();
+        let h = Header::read(&*s).unwrap();
+        let mut leaf = header::leaf_head(&*s);
+        while Layout::read(&*s, leaf).compact == 0 {
+            leaf = s.load(NvLeaf::at(leaf).next_word());
+            assert_ne!(leaf, 0, "no leaf with a compact prefix");
+        }
+        s.store(NvLeaf::at(leaf).count_word(), u64::MAX);
+        let (got, rep) = read_space(&*s, &h);
+        assert_eq!(rep.skipped_elements, 0, "{rep:?}");
+        assert_eq!(got, want.into_iter().collect::<Records>());
     }
 
     #[test]

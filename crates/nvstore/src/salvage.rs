@@ -275,6 +275,13 @@ fn read_nv<S: Space>(
     if stamp != 0 {
         count = count.max(nv::valid_end(s, &layout, stamp, nv::capacity_at(size, layout.compact)));
     }
+    if !layout.gone_ok(count) {
+        // Deletion bits past the leaf's elements name nothing: ignored.
+        rep.note(format!(
+            "leaf {off}: deletion bits past its {count} elements; ignored them"
+        ));
+        layout.gone = layout.gone_below(count);
+    }
     for i in 0..count {
         let words = layout.words(s, i);
         let at = if i < layout.compact { off } else { layout.elem(i) };

@@ -406,3 +406,136 @@ fn a_compact_prefix_makes_room_for_more_appends_and_they_survive_a_crash() {
     let all: BTreeMap<Vec<u8>, Vec<u8>> = db.iter().collect();
     assert_eq!(all, model);
 }
+
+/// Format 5: a delete while no snapshot lives marks every element of its
+/// key gone in the leaf's header line (one flush, one fence), appends
+/// nothing and rewrites no leaf; with a snapshot live it appends a NEGATIVE
+/// element and the snapshot keeps the key. A crash image recovers every
+/// delete, and deleted keys can be written again.
+#[test]
+fn deletes_mark_elements_gone_in_place_unless_a_snapshot_lives() {
+    use nvstore::pmem::ThreadCounters;
+    use std::sync::atomic::Ordering::Relaxed;
+    let db = sim_db();
+    let mut model = BTreeMap::new();
+    for i in 0..300u64 {
+        db.put(&key(i), &i.to_le_bytes()).unwrap();
+        model.insert(key(i).to_vec(), i.to_le_bytes().to_vec());
+    }
+    // Some keys get a second, appended version (a value of another length).
+    for i in (0..300u64).step_by(7) {
+        db.put(&key(i), b"v2").unwrap();
+        model.insert(key(i).to_vec(), b"v2".to_vec());
+    }
+    let (elems, splits) = (elements(&db), db.tree().stats.splits.load(Relaxed));
+    for i in (0..300u64).filter(|i| i % 3 == 0) {
+        let before = ThreadCounters::get();
+        assert!(db.delete(&key(i)).unwrap(), "key {i}");
+        let d = ThreadCounters::get().since(before);
+        assert_eq!((d.flushes, d.fences), (1, 1), "delete of key {i}");
+        assert!(!db.delete(&key(i)).unwrap(), "key {i} deleted twice");
+        model.remove(key(i).as_slice());
+    }
+    assert_eq!(elements(&db), elems, "a delete in place appended");
+    assert_eq!(db.tree().stats.splits.load(Relaxed), splits);
+    assert!(layouts(&db).iter().any(|(l, _)| l.gone != [0, 0]));
+    for i in 0..300u64 {
+        assert_eq!(
+            db.get(&key(i)).unwrap(),
+            model.get(key(i).as_slice()).cloned(),
+            "key {i}"
+        );
+    }
+    assert_eq!(db.iter().collect::<BTreeMap<_, _>>(), model);
+
+    // With a snapshot live, deletes append, and the snapshot keeps the keys.
+    let gone_bits = |db: &Db<SimSpace>| -> u32 {
+        layouts(db)
+            .iter()
+            .map(|(l, _)| l.gone[0].count_ones() + l.gone[1].count_ones())
+            .sum()
+    };
+    let (bits, splits) = (gone_bits(&db), db.tree().stats.splits.load(Relaxed));
+    let snap = db.begin().unwrap();
+    let doomed: Vec<u64> = (0..300u64).filter(|i| i % 3 == 1).take(10).collect();
+    for &i in &doomed {
+        let before = elements(&db);
+        assert!(db.delete(&key(i)).unwrap());
+        assert!(
+            elements(&db) > before || db.tree().stats.splits.load(Relaxed) > splits,
+            "a delete under a snapshot appended nothing"
+        );
+        model.remove(key(i).as_slice());
+    }
+    // Rewrites drop bits; a delete under a snapshot sets none.
+    assert!(gone_bits(&db) <= bits);
+    for &i in &doomed {
+        assert!(snap.get(&key(i)).unwrap().is_some(), "snapshot, key {i}");
+        assert_eq!(db.get(&key(i)).unwrap(), None, "key {i}");
+    }
+    drop(snap);
+    // Deleted keys come back when written again.
+    for i in (0..300u64).filter(|i| i % 6 == 0) {
+        db.put(&key(i), b"again").unwrap();
+        model.insert(key(i).to_vec(), b"again".to_vec());
+    }
+    let r = db.check();
+    assert!(r.ok, "{:?}", r.problems);
+
+    // Only what was flushed and fenced survives: every delete did.
+    let image = db.space().persisted_image();
+    drop(db);
+    let db = Db::open_space(SimSpace::from_image(image), "c".as_ref()).unwrap();
+    assert_eq!(db.iter().collect::<BTreeMap<_, _>>(), model);
+    let r = db.check();
+    assert!(r.ok, "{:?}", r.problems);
+    // Rewrites drop the gone elements: writing on splits the leaves again.
+    for i in 300..600u64 {
+        db.put(&key(i), &i.to_le_bytes()).unwrap();
+        model.insert(key(i).to_vec(), i.to_le_bytes().to_vec());
+    }
+    for i in (0..600u64).filter(|i| i % 5 == 0) {
+        db.delete(&key(i)).unwrap();
+        model.remove(key(i).as_slice());
+    }
+    assert_eq!(db.iter().collect::<BTreeMap<_, _>>(), model);
+    let r = db.check();
+    assert!(r.ok, "{:?}", r.problems);
+}
+
+/// A key whose elements straddle the two words of deletion bits, or lie
+/// past them, cannot be hidden by one store: its delete appends a NEGATIVE
+/// element instead, and the key stays deleted across a crash.
+#[test]
+fn a_delete_whose_elements_straddle_the_bit_words_appends() {
+    let opts = Options {
+        node_size: 8192,
+        ..small_nodes()
+    };
+    let db = Db::create_in(SimSpace::new(4 << 20), "c".as_ref(), &opts).unwrap();
+    // One leaf, no rewrite: element i is the i-th write.
+    db.put(&key(0), b"a").unwrap();
+    for i in 1..140u64 {
+        db.put(&key(i), &i.to_le_bytes()).unwrap();
+    }
+    db.put(&key(0), b"b").unwrap(); // element 140: key 0 now spans both sides
+    assert_eq!(db.tree().stats.splits.load(std::sync::atomic::Ordering::Relaxed), 0);
+    let before = elements(&db);
+    assert!(db.delete(&key(0)).unwrap()); // elements 0 and 140
+    assert!(db.delete(&key(135)).unwrap()); // element 135: past the bits
+    assert_eq!(elements(&db), before + 2, "deletes that cannot go in place append");
+    assert!(db.delete(&key(5)).unwrap()); // element 5: in place
+    assert_eq!(elements(&db), before + 2);
+    for k in [0, 135, 5] {
+        assert_eq!(db.get(&key(k)).unwrap(), None, "key {k}");
+    }
+    let image = db.space().persisted_image();
+    drop(db);
+    let db = Db::open_space(SimSpace::from_image(image), "c".as_ref()).unwrap();
+    for k in [0, 135, 5] {
+        assert_eq!(db.get(&key(k)).unwrap(), None, "key {k}");
+    }
+    assert_eq!(db.iter().count(), 137);
+    let r = db.check();
+    assert!(r.ok, "{:?}", r.problems);
+}

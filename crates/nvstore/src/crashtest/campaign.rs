@@ -308,6 +308,8 @@ impl<'c> Campaign<'c> {
                 keys_per_thread: keys_per_thread(cfg),
                 txn: cfg.txn,
                 compact_values: cfg.leaf == LeafKind::Isle,
+                pinned_deletes: cfg.engine == EngineKind::Tree && cfg.leaf == LeafKind::Nv,
+                pin_rng: StdRng::seed_from_u64(cfg.seed ^ 0x5A5A_0F0F_3C3C_9696),
                 window: [(0, 0); 2],
             },
             check_rng: StdRng::seed_from_u64(cfg.seed ^ 0xC0FF_EE00_D15E_A5E5),

@@ -225,6 +225,10 @@ pub struct WorkStats {
     pub puts: u64,
     pub deletes: u64,
     pub deletes_absent: u64,
+    /// Deletes run while a snapshot was live (they append).
+    pub deletes_pinned: u64,
+    /// Updates run while a snapshot was live (they append).
+    pub puts_pinned: u64,
     pub gets: u64,
     pub large_values: u64,
     pub huge_values: u64,
@@ -314,6 +318,7 @@ pub fn points_for(leaf: LeafKind) -> Vec<&'static str> {
             LeafKind::Isle => {
                 !(p.starts_with("nv.element.")
                     || p.starts_with("nv.compact.")
+                    || p.starts_with("nv.gone.")
                     || p.starts_with("shutdown.counts.")
                     || p.starts_with("txn.")
                     || *p == "blob.fence")

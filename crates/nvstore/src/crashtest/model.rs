@@ -142,8 +142,8 @@ impl Allowed {
 /// What `op` must return against `model`.
 pub(super) fn expected(op: &Op, model: &Model) -> Outcome {
     match op {
-        Op::Put(..) | Op::Batch(_) | Op::Txn(_) => Outcome::Put,
-        Op::Del(k) => Outcome::Deleted(model.contains_key(k)),
+        Op::Put(..) | Op::PutPinned(..) | Op::Batch(_) | Op::Txn(_) => Outcome::Put,
+        Op::Del(k) | Op::DelPinned(k) => Outcome::Deleted(model.contains_key(k)),
         Op::Get(k) => Outcome::Got(model.get(k).map(|v| v.to_vec())),
     }
 }

@@ -33,6 +33,18 @@ pub(super) fn exec(db: &Db<Probe>, op: &Op) -> OpResult {
                 Outcome::Put
             }
             Op::Del(k) => Outcome::Deleted(db.delete(k)?),
+            Op::PutPinned(k, v) => {
+                let snap = db.snapshot()?;
+                db.put(k, v)?;
+                drop(snap);
+                Outcome::Put
+            }
+            Op::DelPinned(k) => {
+                let snap = db.snapshot()?;
+                let deleted = db.delete(k)?;
+                drop(snap);
+                Outcome::Deleted(deleted)
+            }
             Op::Get(k) => Outcome::Got(db.get(k)?),
             Op::Batch(w) => {
                 let mut b = WriteBatch::new();

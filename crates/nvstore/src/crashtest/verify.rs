@@ -17,7 +17,7 @@ use super::workload::{show, Gen, Model, Phase};
 use super::{panic_msg, Config, WorkStats};
 use crate::db::Db;
 use crate::error::Error;
-use crate::format::header::LeafKind;
+use crate::format::header::{EngineKind, LeafKind};
 use crate::format::leaf_nv;
 use crate::pmem::sim::CaptureConfig;
 use crate::pmem::{SimSpace, Space};
@@ -249,6 +249,8 @@ pub(super) fn verify(env: &Env, db: &Db<Probe>, allowed: &Allowed, job: &CheckJo
                 keys_per_thread: env.keys_per_thread,
                 txn: env.cfg.txn,
                 compact_values: env.cfg.leaf == LeafKind::Isle,
+                pinned_deletes: env.cfg.engine == EngineKind::Tree && env.cfg.leaf == LeafKind::Nv,
+                pin_rng: StdRng::seed_from_u64(job.seed ^ 0x5A5A_0F0F_3C3C_9696),
                 window: [(0, 0); 2],
             };
             let mut scratch = WorkStats::default();

@@ -16,6 +16,12 @@ pub(super) type Model = BTreeMap<Vec<u8>, Val>;
 pub(super) enum Op {
     Put(Vec<u8>, Val),
     Del(Vec<u8>),
+    /// A delete while a snapshot is live: it cannot mark the key's elements
+    /// gone in place, so it appends a NEGATIVE element.
+    DelPinned(Vec<u8>),
+    /// A put while a snapshot is live: an update appends instead of
+    /// replacing a compact entry's value in place.
+    PutPinned(Vec<u8>, Val),
     Get(Vec<u8>),
     /// A write batch (`None`: delete) over distinct keys: all or nothing.
     Batch(Vec<(Vec<u8>, Option<Val>)>),
@@ -27,8 +33,8 @@ impl Op {
     /// The model changes this op makes (all or none of them).
     pub(super) fn effect(&self) -> Vec<(Vec<u8>, Option<Val>)> {
         match self {
-            Op::Put(k, v) => vec![(k.clone(), Some(v.clone()))],
-            Op::Del(k) => vec![(k.clone(), None)],
+            Op::Put(k, v) | Op::PutPinned(k, v) => vec![(k.clone(), Some(v.clone()))],
+            Op::Del(k) | Op::DelPinned(k) => vec![(k.clone(), None)],
             Op::Get(_) => Vec::new(),
             Op::Batch(w) | Op::Txn(w) => w.clone(),
         }
@@ -43,7 +49,9 @@ impl Op {
         };
         match self {
             Op::Put(k, v) => format!("put {} ({} B value)", show(k), v.len()),
+            Op::PutPinned(k, v) => format!("put {} ({} B value) under a snapshot", show(k), v.len()),
             Op::Del(k) => format!("delete {}", show(k)),
+            Op::DelPinned(k) => format!("delete {} under a snapshot", show(k)),
             Op::Get(k) => format!("get {}", show(k)),
             Op::Batch(w) => many("write batch", w),
             Op::Txn(w) => many("transaction", w),
@@ -140,6 +148,12 @@ pub(super) struct Gen {
     /// Isle pools: make 8-byte values common, so compact pairs and their
     /// in-place updates are exercised as much as general ones.
     pub(super) compact_values: bool,
+    /// Run some deletes and updates under a live snapshot (pools that have
+    /// snapshots): they append rather than change a leaf in place.
+    pub(super) pinned_deletes: bool,
+    /// Draws which of them: a stream of its own, so the operations are the
+    /// same with and without pinning.
+    pub(super) pin_rng: StdRng,
     /// Per writer: the sliding window of keys `[lo, hi)` (see [`window_key`]).
     pub(super) window: [(u64, u64); 2],
 }
@@ -172,6 +186,18 @@ impl Gen {
             self.rng.gen_range(200..=240)
         };
         Arc::new(value_of(g, len))
+    }
+
+    /// A delete of `k`; one in two runs while a snapshot is live (a
+    /// reader's), which keeps the NEGATIVE-element path of deletes as
+    /// covered as deletes in place.
+    fn del(&mut self, k: Vec<u8>, stats: &mut WorkStats) -> Op {
+        if self.pinned_deletes && self.pin_rng.gen_ratio(1, 2) {
+            stats.deletes_pinned += 1;
+            Op::DelPinned(k)
+        } else {
+            Op::Del(k)
+        }
     }
 
     /// Next operation of writer `t` given the model (`g` numbers it).
@@ -263,7 +289,7 @@ impl Gen {
                 *lo += 1;
                 if model.contains_key(&k) {
                     stats.deletes += 1;
-                    return Op::Del(k);
+                    return self.del(k, stats);
                 }
             }
         }
@@ -275,6 +301,10 @@ impl Gen {
             });
             stats.puts += 1;
             let v = self.value(g);
+            if want_present && self.pinned_deletes && self.pin_rng.gen_ratio(1, 2) {
+                stats.puts_pinned += 1;
+                return Op::PutPinned(k, v);
+            }
             Op::Put(k, v)
         } else if r < new + upd + del + absent {
             let want_present = r < new + upd + del;
@@ -287,7 +317,7 @@ impl Gen {
             } else {
                 stats.deletes_absent += 1;
             }
-            Op::Del(k)
+            self.del(k, stats)
         } else {
             stats.gets += 1;
             let id = self.pick_id(t);

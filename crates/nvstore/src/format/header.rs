@@ -45,8 +45,11 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"NVSTPOOL");
 /// elements than a leaf without a compact prefix does (the bytes the prefix
 /// saves take appends: `leaf_nv::capacity_at`); a version-3 build would
 /// report such a leaf's count as beyond its capacity, so the upgrade raises
-/// older pools to 4 before this build appends to them.
-pub const VERSION: u32 = 4;
+/// older pools to 4 before this build appends to them. Version 5 marks
+/// pools whose nv leaves may mark compact entries deleted in place (the
+/// leaf's `gone` words, zero before); a version-4 build would ignore them and
+/// bring deleted keys back, so the upgrade raises older pools to 5 first.
+pub const VERSION: u32 = 5;
 /// The oldest format this build opens.
 pub const OLDEST_READABLE: u32 = 1;
 

@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! line 0: { u64 count | u64 next | u64 size | u64 compact | u64 compact_version
-//!         | u64 stamp | u64 reserved[2] }
+//!         | u64 stamp | u64 gone[2] }
 //! then:   compact[compact], 16 bytes each: { u64 key_word | u64 value_word }
 //! then, from the next 32-byte boundary:
 //!         element[..], 32 bytes each:
@@ -71,6 +71,17 @@
 //!   which is still no newer than any reader's timestamp; 0 in leaves written before
 //!   the prefix existed (which open unchanged). A split halves the bytes it
 //!   copies: 16 instead of 32 per kept element.
+//! - `gone` (format 5): bit `i` of the 128 is set when element `i` (a
+//!   compact entry or a full element) was deleted in place. A delete while
+//!   no snapshot is live sets the bits of every element of its key (its
+//!   versions) when they all lie in one of the two words: one 8-byte store,
+//!   one flush, one fence, and nothing appended (FPTree's bitmap delete), so
+//!   deletes do not fill the leaf with NEGATIVE elements. After a crash the
+//!   key is either there or deleted. Every reader reads a gone element as
+//!   NEGATIVE ([`Layout::words`]), so collation, recovery and `check` treat
+//!   it as any delete, and a rewrite drops it. Bits are set only on
+//!   published elements and never cleared (a new leaf starts with none);
+//!   the check bits of a full element do not cover them.
 //! - Full elements start at the first 32-byte boundary after the prefix, so
 //!   an appended element never straddles a cache line. A leaf holds
 //!   [`capacity_at`] elements: its compact entries and the full elements
@@ -98,6 +109,10 @@ pub const COMPACT_VERSION_OFF: u64 = 32;
 /// The leaf's incarnation stamp: nonzero in sealed leaves, fresh each time
 /// a leaf is built (never the word its chunk held before).
 pub const STAMP_OFF: u64 = 40;
+/// Two words of deletion bits of elements 0..[`GONE_SLOTS`].
+pub const GONE_OFF: u64 = 48;
+/// Elements that can be deleted in place (two words of bits).
+pub const GONE_SLOTS: u64 = 128;
 pub const ELEMS_OFF: u64 = LINE;
 pub const ELEM_SIZE: u64 = 32;
 pub const COMPACT_SIZE: u64 = 16;
@@ -274,6 +289,8 @@ pub struct Layout {
     pub compact: u64,
     /// The version every compact entry reads as.
     pub compact_version: u64,
+    /// Deletion bits of elements (`gone` in the module docs).
+    pub gone: [u64; 2],
 }
 
 impl Layout {
@@ -285,6 +302,7 @@ impl Layout {
             leaf,
             compact: s.read_u64(leaf + COMPACT_OFF),
             compact_version: s.read_u64(leaf + COMPACT_VERSION_OFF),
+            gone: [s.read_u64(leaf + GONE_OFF), s.read_u64(leaf + GONE_OFF + 8)],
         }
     }
 
@@ -294,6 +312,38 @@ impl Layout {
         self.compact <= count
             && count <= capacity_at(size, self.compact)
             && (self.compact == 0 || self.compact_version <= VERSION_MASK)
+    }
+
+    /// Whether no deletion bit names an element at or past `count` (the
+    /// leaf's valid elements: a sealed leaf's count word lags behind them).
+    pub fn gone_ok(&self, count: u64) -> bool {
+        self.gone == self.gone_below(count)
+    }
+
+    /// The deletion bits of elements below `count` only.
+    pub fn gone_below(&self, count: u64) -> [u64; 2] {
+        let below = |from: u64| -> u64 {
+            match count.saturating_sub(from) {
+                0 => 0,
+                n if n >= 64 => u64::MAX,
+                n => (1 << n) - 1,
+            }
+        };
+        [self.gone[0] & below(0), self.gone[1] & below(64)]
+    }
+
+    /// Whether element `i` was deleted in place.
+    #[inline]
+    pub fn is_gone(&self, i: u64) -> bool {
+        i < GONE_SLOTS && self.gone[(i / 64) as usize] & (1 << (i % 64)) != 0
+    }
+
+    /// Address of the word holding element `i`'s deletion bit
+    /// (`i < GONE_SLOTS`).
+    #[inline]
+    pub fn gone_word(&self, i: u64) -> u64 {
+        debug_assert!(i < GONE_SLOTS);
+        self.leaf + GONE_OFF + (i / 64) * 8
     }
 
     /// Offset of full element `i` (`i >= compact`).
@@ -329,10 +379,11 @@ impl Layout {
                 s.read_u64(c + C_KEY_WORD),
                 0,
                 s.read_u64(c + C_VALUE_WORD),
-                compact_meta(self.compact_version),
+                compact_meta(self.compact_version) | if self.is_gone(i) { NEGATIVE } else { 0 },
             ]
         } else {
-            unseal(self.stored(s, i))
+            let w = unseal(self.stored(s, i));
+            [w[0], w[1], w[2], w[3] | if self.is_gone(i) { NEGATIVE } else { 0 }]
         }
     }
 

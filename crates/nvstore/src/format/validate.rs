@@ -106,6 +106,12 @@ pub fn nv_leaf<S: Space>(s: &S, off: u64, data_start: u64) -> Checked<(u64, u64)
     } else {
         nv::valid_end(s, &layout, stamp, nv::capacity_at(size, layout.compact))
     };
+    if !layout.gone_ok(count) {
+        return Err(Damage::at(
+            off,
+            format!("leaf {off} marks elements deleted past its {count} elements"),
+        ));
+    }
     for i in layout.compact..count {
         let at = layout.elem(i);
         element_ok(s, at, &layout.words(s, i), pool)?;
@@ -228,6 +234,20 @@ mod tests {
         nv_leaf_with_blob(&s, DATA, DATA + 2048);
         s.store(DATA + nv::COMPACT_OFF, 3);
         assert!(nv_leaf(&s, DATA, DATA).unwrap_err().what.contains("compact prefix"));
+    }
+
+    #[test]
+    fn nv_deletion_bit_past_the_elements() {
+        let s = space();
+        nv_leaf_with_blob(&s, DATA, DATA + 2048);
+        // Elements 0 and 1 may be marked deleted; element 2 does not exist.
+        s.store(DATA + nv::GONE_OFF, 0b11);
+        assert_eq!(nv_leaf(&s, DATA, DATA), Ok((1024, 2)));
+        s.store(DATA + nv::GONE_OFF, 0b100);
+        assert!(nv_leaf(&s, DATA, DATA).unwrap_err().what.contains("deleted past"));
+        s.store(DATA + nv::GONE_OFF, 0);
+        s.store(DATA + nv::GONE_OFF + 8, 1);
+        assert!(nv_leaf(&s, DATA, DATA).unwrap_err().what.contains("deleted past"));
     }
 
     #[test]

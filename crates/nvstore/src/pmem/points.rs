@@ -47,6 +47,10 @@ points! {
     /// of an 8-byte value while no snapshot is live).
     NV_COMPACT_FLUSH = "nv.compact.flush";
     NV_COMPACT_FENCE = "nv.compact.fence";
+    /// NV leaf: a compact entry's deletion bit set in place (a delete while
+    /// no snapshot is live).
+    NV_GONE_FLUSH = "nv.gone.flush";
+    NV_GONE_FENCE = "nv.gone.fence";
     /// Isle leaf: a pair written into a free slot, before its line's code names it.
     ISLE_SLOT_FLUSH = "isle.slot.flush";
     ISLE_SLOT_FENCE = "isle.slot.fence";

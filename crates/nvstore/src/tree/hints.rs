@@ -21,6 +21,10 @@ use crate::pmem::Space;
 pub struct Hints {
     pub(super) compact: u64,
     pub(super) compact_version: u64,
+    /// The leaf's `gone` words (elements deleted in place): read
+    /// from the leaf when the hints are built, then changed by the deleter
+    /// with the leaf's, while its sequence word is odd.
+    pub(super) gone: [AtomicU64; 2],
     /// Eight fingerprints per word (element `i` in byte `i % 8` of word
     /// `i / 8`), so a lookup tests eight elements at once.
     pub(super) fp: FpWords,
@@ -193,6 +197,10 @@ impl Hints {
             leaf,
             compact: self.compact,
             compact_version: self.compact_version,
+            gone: [
+                self.gone[0].load(Ordering::Relaxed),
+                self.gone[1].load(Ordering::Relaxed),
+            ],
         }
     }
 
@@ -334,6 +342,9 @@ pub(super) fn hints<'a, S: Space>(s: &S, leaf: &'a LeafRef<NvState>) -> &'a Hint
         let h = Hints {
             compact: layout.compact,
             compact_version: layout.compact_version,
+            gone: layout
+                .gone_below(leaf.durable.load(Ordering::Relaxed))
+                .map(AtomicU64::new),
             fp: FpWords::zeroed(cap.div_ceil(8) as usize),
             table: KeyTable::new(cap),
         };
@@ -377,6 +388,7 @@ mod tests {
         Hints {
             compact: 0,
             compact_version: 0,
+            gone: Default::default(),
             fp,
             table: None,
         }

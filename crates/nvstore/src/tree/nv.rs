@@ -8,8 +8,8 @@ use std::sync::atomic::Ordering;
 use super::collate::{collate, collate_in, Collated, Keep, Slot};
 use super::hints::{cached_layout, element_lookup_word, fingerprint, hints, lookup_word, Hints, KeyTable, NvState};
 use super::leaf::{
-    read_stable, show, store_in_place, Audit, AuditCtx, Elem, LeafFormat, Lookup, Newest, Removed, Scan, ValueRef,
-    Written,
+    read_stable, show, store_in_place, write_visible, Audit, AuditCtx, Elem, LeafFormat, Lookup, Newest, Removed, Scan,
+    ValueRef, Written,
 };
 use super::mvcc::Clock;
 use super::Leaf;
@@ -46,9 +46,9 @@ fn full_match<S: Space>(s: &S, layout: &Layout, i: u64, key: &[u8], kw: u64, at:
             }
         }
     };
-    same.then_some(Newest {
+    same.then(|| Newest {
         index: i,
-        negative: meta.negative,
+        negative: meta.negative || layout.is_gone(i),
         version: meta.version,
     })
 }
@@ -107,12 +107,13 @@ fn newest_by_table<S: Space>(
 
 /// Compact entry `i` as the newest for `key` (key word `kw`) at `at`: the
 /// prefix holds only 8-byte keys, one entry per key, all at one version.
+/// An entry deleted in place reads as a NEGATIVE element at that version.
 #[inline]
 fn compact_match<S: Space>(s: &S, layout: &Layout, i: u64, key: &[u8], kw: u64, at: u64) -> Option<Newest> {
     let hit = key.len() == 8 && layout.compact_version <= at && layout.key_word(s, i) == kw;
-    hit.then_some(Newest {
+    hit.then(|| Newest {
         index: i,
-        negative: false,
+        negative: layout.is_gone(i),
         version: layout.compact_version,
     })
 }
@@ -147,6 +148,33 @@ fn newest_in<S: Space>(s: &S, leaf: &Leaf<Nv>, h: &Hints, n: u64, key: &[u8], at
         found.is_some()
     });
     found
+}
+
+/// The deletion bits, within word `word` of the leaf's two, of every
+/// element among the first `n` that holds `key` (its versions, gone or
+/// not); `None` when one lies outside that word (a delete in place must
+/// hide them all with one store, or an older version would show again).
+fn key_bits<S: Space>(s: &S, leaf: &Leaf<Nv>, layout: &Layout, n: u64, key: &[u8], word: u64) -> Option<u64> {
+    let h = hints(s, leaf);
+    let kw = nv::key_word(key);
+    let mut bits = 0u64;
+    let mut outside = false;
+    h.candidates(0, n, fingerprint(lookup_word(key)), |i| {
+        let holds = if i < layout.compact {
+            compact_match(s, layout, i, key, kw, u64::MAX).is_some()
+        } else {
+            full_match(s, layout, i, key, kw, u64::MAX).is_some()
+        };
+        if holds {
+            if i / 64 == word && i < nv::GONE_SLOTS {
+                bits |= 1 << (i % 64);
+            } else {
+                outside = true;
+            }
+        }
+        outside
+    });
+    (!outside && bits != 0).then_some(bits)
 }
 
 /// Which of `elems` (key order, a key's versions adjacent, a settled
@@ -468,10 +496,38 @@ impl LeafFormat for Nv {
                 freed: None,
             };
         };
-        if n + 1 > Self::room(s, leaf) {
+        let layout = cached_layout(s, leaf);
+        // No snapshot can need the key's elements, and they all lie in one
+        // word of the leaf's deletion bits: their bits are set in place, one
+        // failure-atomic store, one flush and one fence, and nothing is
+        // appended (FPTree's bitmap delete), so deletes do not fill the leaf.
+        // The delete's timestamp is remembered as an in-place update's is.
+        if i < nv::GONE_SLOTS {
+            let w = clock.begin_write();
+            if clock.quiet(&w) {
+                if let Some(bits) = key_bits(s, leaf, &layout, n, key, i / 64) {
+                    leaf.state.in_place.fetch_max(w.ts, Ordering::AcqRel);
+                    let slot = &hints(s, leaf).gone[(i / 64) as usize];
+                    let word = slot.load(Ordering::Relaxed) | bits;
+                    let at = layout.gone_word(i);
+                    write_visible(&leaf.state.seq, || {
+                        s.store(at, word);
+                        slot.store(word, Ordering::Relaxed);
+                        s.flush(at, 8, points::NV_GONE_FLUSH);
+                        s.fence(points::NV_GONE_FENCE);
+                    });
+                    drop(w);
+                    return Removed::Done {
+                        existed: true,
+                        freed: None,
+                    };
+                }
+            }
+        }
+        if n + 1 > nv::capacity_at(leaf.size, layout.compact) {
             return Removed::Full;
         }
-        let old = cached_layout(s, leaf).words(s, i);
+        let old = layout.words(s, i);
         let w = clock.begin_write();
         Self::append(s, leaf, n, &[negate(old, w.ts, false)]);
         leaf.durable.store(n + 1, Ordering::Release);
@@ -529,6 +585,9 @@ impl LeafFormat for Nv {
         } else {
             nv::valid_end(s, &layout, stamp, nv::capacity_at(size, layout.compact))
         };
+        if !layout.gone_ok(count) {
+            return Err(format!("leaf {off} marks elements deleted past its {count} elements"));
+        }
         let mut blobs = Vec::new();
         // Elements of a transaction without a commit record end the leaf.
         let mut kept = count;
@@ -671,6 +730,10 @@ impl LeafFormat for Nv {
                 "leaf {off}: durable count {n} differs from persistent count {persistent}"
             ));
         }
+        if !layout.gone_ok(n) {
+            a.problems
+                .push(format!("leaf {off}: elements marked deleted past its {n} elements"));
+        }
         let mut newest: HashMap<Vec<u8>, bool> = HashMap::new();
         let mut versions: HashMap<Vec<u8>, u64> = HashMap::new();
         for i in 0..if sealed { n } else { n.min(persistent) } {
@@ -718,7 +781,15 @@ impl LeafFormat for Nv {
                 ));
             }
             let neg = el.negative();
-            if neg && newest.get(&el.key) != Some(&true) {
+            if layout.is_gone(i) {
+                // Deleted in place: every older element of its key is too.
+                if newest.get(&el.key) == Some(&true) {
+                    a.problems.push(format!(
+                        "leaf {off} element {i}: deleted in place over a live older version of key {}",
+                        show(&el.key)
+                    ));
+                }
+            } else if neg && newest.get(&el.key) != Some(&true) {
                 a.problems.push(format!(
                     "leaf {off} element {i}: NEGATIVE element without a live positive one"
                 ));

@@ -238,6 +238,27 @@ pub const SMALL_HASH_TAG: u8 = b'H';
 /// The metadata tag of a string (the value follows it).
 pub const STRING_TAG: u8 = b's';
 
+/// [`meta_key`] on the stack for user keys of up to 63 bytes: the hot
+/// paths (GET, HGET, HGETALL, one-key writes) look a key up without
+/// allocating.
+pub struct MetaKey(smallvec::SmallVec<[u8; 64]>);
+
+impl MetaKey {
+    pub fn new(user: &[u8]) -> MetaKey {
+        let mut k = smallvec::SmallVec::with_capacity(user.len() + 1);
+        k.push(META);
+        k.extend_from_slice(user);
+        MetaKey(k)
+    }
+}
+
+impl std::ops::Deref for MetaKey {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
 pub fn meta_key(user: &[u8]) -> Vec<u8> {
     let mut k = Vec::with_capacity(user.len() + 1);
     k.push(META);

@@ -13,6 +13,12 @@
 //! arrays, bulk strings and `$-1`/`*-1` under RESP2, as Redis does.
 
 use bytes::{Buf, Bytes, BytesMut};
+use smallvec::SmallVec;
+
+/// One request's arguments (the command name first). Each is split off the
+/// read buffer without copying; up to four (GET, SET, HSET of one field,
+/// HGETALL) live inline, so a request costs no allocation of its own.
+pub type Args = SmallVec<[Bytes; 4]>;
 
 /// Request-size limits (Redis: `proto-max-bulk-len`, the multibulk count cap,
 /// `PROTO_INLINE_MAX_SIZE`).
@@ -55,7 +61,7 @@ fn perr<T>(s: impl Into<String>) -> Result<T, ProtocolError> {
 #[derive(Default, Debug)]
 pub struct Parser {
     /// Arguments of the multibulk request in progress.
-    args: Vec<Bytes>,
+    args: Args,
     /// Arguments still expected by the multibulk request in progress.
     pending: usize,
     /// Declared length of the bulk whose header was consumed.
@@ -90,7 +96,7 @@ impl Parser {
     /// Takes the next complete request from `buf`. `Ok(None)`: more bytes are
     /// needed (what was complete has been consumed). Empty requests (`*0`,
     /// blank inline lines) are skipped.
-    pub fn next(&mut self, buf: &mut BytesMut, lim: &Limits) -> Result<Option<Vec<Bytes>>, ProtocolError> {
+    pub fn next(&mut self, buf: &mut BytesMut, lim: &Limits) -> Result<Option<Args>, ProtocolError> {
         loop {
             if !self.in_multibulk {
                 if buf.is_empty() {
@@ -119,8 +125,9 @@ impl Parser {
                 }
                 self.in_multibulk = true;
                 self.pending = n as usize;
-                // Capacity bounded regardless of the declared count.
-                self.args = Vec::with_capacity(self.pending.min(64));
+                // Nothing reserved for the declared count: the arguments
+                // grow as they arrive.
+                self.args = Args::new();
             }
             while self.pending > 0 {
                 let len = match self.bulk {
@@ -164,7 +171,7 @@ impl Parser {
         }
     }
 
-    fn inline(&mut self, buf: &mut BytesMut, lim: &Limits) -> Result<Option<Vec<Bytes>>, ProtocolError> {
+    fn inline(&mut self, buf: &mut BytesMut, lim: &Limits) -> Result<Option<Args>, ProtocolError> {
         let Some(nl) = buf.iter().position(|&b| b == b'\n') else {
             if buf.len() > lim.max_inline {
                 return perr("too big inline request");
@@ -501,7 +508,7 @@ mod tests {
             }
         }
         assert_eq!(
-            got.unwrap(),
+            got.unwrap().to_vec(),
             vec![Bytes::from_static(b"ECHO"), Bytes::from_static(b"abc")]
         );
     }

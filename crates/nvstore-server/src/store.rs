@@ -233,10 +233,14 @@ impl Kv for OneKey<'_> {
     }
 
     fn put(&mut self, k: &[u8], v: &[u8]) -> Result<()> {
+        self.put_owned(k, v.to_vec())
+    }
+
+    fn put_owned(&mut self, k: &[u8], v: Vec<u8>) -> Result<()> {
         if self.other(k) {
             return Err(self.escape());
         }
-        self.write = Some(nvstore::OneWrite::Put(v.to_vec()));
+        self.write = Some(nvstore::OneWrite::Put(v));
         Ok(())
     }
 
@@ -327,6 +331,11 @@ pub trait Kv {
     /// Writes; a read-only view (snapshot, point view) refuses them.
     fn put(&mut self, _k: &[u8], _v: &[u8]) -> Result<()> {
         Err(Error::Engine(nvstore::Error::ReadOnly))
+    }
+    /// [`Kv::put`] of a value the caller built and gives away: a one-key
+    /// write keeps it as is instead of copying it.
+    fn put_owned(&mut self, k: &[u8], v: Vec<u8>) -> Result<()> {
+        self.put(k, &v)
     }
     fn delete(&mut self, _k: &[u8]) -> Result<()> {
         Err(Error::Engine(nvstore::Error::ReadOnly))

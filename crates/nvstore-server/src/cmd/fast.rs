@@ -8,29 +8,29 @@
 
 use std::sync::atomic::Ordering;
 
-use bytes::{Bytes, BytesMut};
+use bytes::BytesMut;
 
-use super::Conn;
-use crate::keys::{check_small_hash, meta_key, SmallPairs, SMALL_HASH_TAG, STRING_TAG};
+use super::{Conn, Req};
+use crate::keys::{check_small_hash, MetaKey, SmallPairs, SMALL_HASH_TAG, STRING_TAG};
 use crate::resp::{bulk, map_head, nil};
 use crate::shared::Shared;
 use crate::store::{Kv, PointView};
 
 /// Answers `args` into `out` if it is one of the reads served here and the
 /// stored value is of the expected kind; false (nothing written) otherwise.
-pub fn read_into(sh: &Shared, c: &Conn, args: &[Bytes], out: &mut BytesMut) -> bool {
+pub fn read_into(sh: &Shared, c: &Conn, req: &Req, out: &mut BytesMut) -> bool {
     if !c.authed || c.multi.is_some() {
         return false;
     }
-    let name = &args[0][..];
-    let done = if name.eq_ignore_ascii_case(b"get") && args.len() == 2 {
-        get(sh, &args[1], c.proto, out)
-    } else if name.eq_ignore_ascii_case(b"hgetall") && args.len() == 2 {
-        hgetall(sh, &args[1], c.proto, out)
-    } else if name.eq_ignore_ascii_case(b"hget") && args.len() == 3 {
-        hget(sh, &args[1], &args[2], c.proto, out)
-    } else {
-        false
+    let Some(spec) = req.spec else {
+        return false;
+    };
+    let args = &req.args;
+    let done = match (spec.name, args.len()) {
+        ("get", 2) => get(sh, &args[1], c.proto, out),
+        ("hgetall", 2) => hgetall(sh, &args[1], c.proto, out),
+        ("hget", 3) => hget(sh, &args[1], &args[2], c.proto, out),
+        _ => false,
     };
     if done {
         sh.stats.commands.fetch_add(1, Ordering::Relaxed);
@@ -49,7 +49,7 @@ fn with_meta(
 ) -> bool {
     let view = PointView::new(&sh.store);
     let mut answered = false;
-    match view.get_with(&meta_key(key), &mut |v| answered = f(v, out)) {
+    match view.get_with(&MetaKey::new(key), &mut |v| answered = f(v, out)) {
         Ok(true) => answered,
         Ok(false) => {
             absent(out);
@@ -122,8 +122,10 @@ fn hget(sh: &Shared, key: &[u8], field: &[u8], proto: u8, out: &mut BytesMut) ->
 pub(crate) mod tests {
     use std::sync::Arc;
 
+    use bytes::Bytes;
+
     use super::*;
-    use crate::cmd::{execute, Conn};
+    use crate::cmd::{execute, Conn, Req};
     use crate::store::Store;
     use crate::Config;
 
@@ -133,7 +135,7 @@ pub(crate) mod tests {
         Arc::new(Shared::new(Arc::new(store), cfg, 0, "0".repeat(40)))
     }
 
-    pub(crate) fn args(words: &[&str]) -> Vec<Bytes> {
+    pub(crate) fn args(words: &[&str]) -> crate::resp::Args {
         words.iter().map(|w| Bytes::from(w.as_bytes().to_vec())).collect()
     }
 
@@ -181,7 +183,10 @@ pub(crate) mod tests {
             c.proto = proto;
             for r in reads {
                 let mut fast = BytesMut::new();
-                assert!(read_into(&sh, &c, &args(r), &mut fast), "{r:?} is served fast");
+                assert!(
+                    read_into(&sh, &c, &Req::new(args(r)), &mut fast),
+                    "{r:?} is served fast"
+                );
                 assert_eq!(fast, general(&sh, &mut c, r), "{r:?} in RESP{proto}");
             }
         }
@@ -198,13 +203,18 @@ pub(crate) mod tests {
         ];
         for r in others {
             let mut out = BytesMut::new();
-            assert!(!read_into(&sh, &c, &args(r), &mut out), "{r:?}");
+            assert!(!read_into(&sh, &c, &Req::new(args(r)), &mut out), "{r:?}");
             assert!(out.is_empty());
         }
         let mut out = BytesMut::new();
-        assert!(!read_into(&sh, &Conn::new(2, false), &args(&["get", "s"]), &mut out));
+        assert!(!read_into(
+            &sh,
+            &Conn::new(2, false),
+            &Req::new(args(&["get", "s"])),
+            &mut out
+        ));
         c.multi = Some(Vec::new());
-        assert!(!read_into(&sh, &c, &args(&["get", "s"]), &mut out));
+        assert!(!read_into(&sh, &c, &Req::new(args(&["get", "s"])), &mut out));
         assert!(out.is_empty());
     }
 }

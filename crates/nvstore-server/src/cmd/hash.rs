@@ -19,7 +19,7 @@ use bytes::Bytes;
 
 use super::{fail, int_arg, meta, prefix_scan, CmdError, CmdResult, Cx, OVERFLOW, WRONGTYPE};
 use crate::keys::{
-    check_small_hash, encode_small_hash, meta_key, sub_key, sub_prefix, CompactLimits, Meta, SmallPairs, HASH,
+    check_small_hash, encode_small_hash, meta_key, sub_key, sub_prefix, CompactLimits, Meta, MetaKey, SmallPairs, HASH,
 };
 use crate::resp::Reply;
 use crate::store::Kv;
@@ -143,17 +143,18 @@ fn hset_small_in_place(
     args: &[Bytes],
     lim: &CompactLimits,
 ) -> Result<Option<i64>, CmdError> {
-    let mut new: Vec<(&[u8], &[u8])> = args.chunks(2).map(|p| (&p[0][..], &p[1][..])).collect();
+    // Pairs on the stack for up to 16 fields (YCSB writes 1 or 10).
+    let mut new: RefPairs = args.chunks(2).map(|p| (&p[0][..], &p[1][..])).collect();
     // The sort is stable: of repeated fields, the last argument wins.
     new.sort_by(|x, y| x.0.cmp(y.0));
-    let mut uniq: Vec<(&[u8], &[u8])> = Vec::with_capacity(new.len());
+    let mut uniq = RefPairs::with_capacity(new.len());
     for p in new {
         match uniq.last_mut() {
             Some(l) if l.0 == p.0 => *l = p,
             _ => uniq.push(p),
         }
     }
-    let mk = meta_key(key);
+    let mk = MetaKey::new(key);
     let mut merged = None;
     let found = kv.get_with(&mk, &mut |v| {
         if check_small_hash(v).is_some() {
@@ -165,12 +166,15 @@ fn hset_small_in_place(
     }
     match merged {
         Some((enc, added)) => {
-            kv.put(&mk, &enc)?;
+            kv.put_owned(&mk, enc)?;
             Ok(Some(added))
         }
         None => Ok(None),
     }
 }
+
+/// Field-value pairs borrowed from arguments or a stored value.
+type RefPairs<'a> = smallvec::SmallVec<[(&'a [u8], &'a [u8]); 16]>;
 
 /// The small-hash encoding of `old` (sorted) with `new` (sorted, unique)
 /// set over it, and how many of `new` were not in `old`; `None` if the
@@ -182,7 +186,7 @@ fn merge_small<'a>(
 ) -> Option<(Vec<u8>, i64)> {
     let mut old = old.peekable();
     let mut new = new.iter().copied().peekable();
-    let mut all: Vec<(&[u8], &[u8])> = Vec::new();
+    let mut all = RefPairs::new();
     let mut added = 0;
     loop {
         let next = match (old.peek(), new.peek()) {

@@ -20,7 +20,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use crate::keys::{self, Meta};
-use crate::resp::Reply;
+use crate::resp::{Args, Reply};
 use crate::shared::Shared;
 use crate::store::{self, Kv};
 
@@ -211,7 +211,7 @@ pub struct Conn {
     pub proto: u8,
     pub authed: bool,
     /// Queued commands while in MULTI.
-    pub multi: Option<Vec<Vec<Bytes>>>,
+    pub multi: Option<Vec<Args>>,
     /// A command failed to queue: EXEC answers EXECABORT.
     pub multi_error: bool,
     /// WATCHed metadata keys with the commit timestamp seen at WATCH time.
@@ -266,10 +266,33 @@ fn arity_ok(s: &Spec, n: usize) -> bool {
     }
 }
 
-/// Runs one request on a blocking thread; the reply is final (durable).
-pub fn execute(sh: &Arc<Shared>, c: &mut Conn, args: Vec<Bytes>) -> Reply {
+/// A parsed request with its command looked up once, when it was parsed
+/// (the batch, the group commit and the fast reads all ask which command
+/// it is).
+pub struct Req {
+    pub spec: Option<&'static Spec>,
+    pub args: Args,
+}
+
+impl Req {
+    pub fn new(args: Args) -> Req {
+        Req {
+            spec: lookup(&args[0]),
+            args,
+        }
+    }
+}
+
+/// Runs one request; the reply is final (durable).
+pub fn execute(sh: &Arc<Shared>, c: &mut Conn, args: Args) -> Reply {
+    execute_req(sh, c, Req::new(args))
+}
+
+/// [`execute`] of a request whose command was looked up already.
+pub fn execute_req(sh: &Arc<Shared>, c: &mut Conn, req: Req) -> Reply {
     sh.stats.commands.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let Some(spec) = lookup(&args[0]) else {
+    let Req { spec, args } = req;
+    let Some(spec) = spec else {
         if c.multi.is_some() {
             c.multi_error = true;
         }
@@ -308,7 +331,7 @@ pub fn execute(sh: &Arc<Shared>, c: &mut Conn, args: Vec<Bytes>) -> Reply {
         Kind::Write => {
             let cx = Cx { proto: c.proto, sh };
             if one_key(spec) {
-                let mk = keys::meta_key(&args[1]);
+                let mk = keys::MetaKey::new(&args[1]);
                 match sh.store.write_one(&mk, |v| spec.data.unwrap()(v, &cx, &args)) {
                     Ok(Some(r)) => return finish(r),
                     Ok(None) => {} // touched another key: a real transaction
@@ -337,21 +360,21 @@ pub const MAX_GROUP: usize = 64;
 /// Whether `args` is a write command that [`execute_group`] may commit
 /// together with its neighbours: known, right arity, authenticated, not
 /// queued by MULTI, and not FLUSHDB (which commits in chunks of its own).
-pub fn groupable(c: &Conn, args: &[Bytes]) -> bool {
+pub fn groupable(c: &Conn, r: &Req) -> bool {
     c.authed
         && c.multi.is_none()
-        && lookup(&args[0]).is_some_and(|s| {
+        && r.spec.is_some_and(|s| {
             s.kind == Kind::Write
                 && s.data.is_some()
-                && arity_ok(s, args.len())
+                && arity_ok(s, r.args.len())
                 && !matches!(s.name, "flushdb" | "flushall")
         })
 }
 
 /// Whether a request may walk the whole key space (or close the pool), so
 /// the server runs it on the blocking pool rather than a reactor thread.
-pub fn walks_keyspace(args: &[Bytes]) -> bool {
-    lookup(&args[0]).is_some_and(|s| {
+pub fn walks_keyspace(r: &Req) -> bool {
+    r.spec.is_some_and(|s| {
         matches!(
             s.name,
             "keys" | "scan" | "dbsize" | "info" | "flushdb" | "flushall" | "shutdown" | "exec" | "debug"
@@ -366,16 +389,16 @@ pub fn walks_keyspace(args: &[Bytes]) -> bool {
 /// If any command answers an error, or the commit fails for a reason other
 /// than a conflict, the group is dropped and every command runs alone, so
 /// errors land exactly where they would without grouping.
-pub fn execute_group(sh: &Arc<Shared>, c: &mut Conn, group: &[Vec<Bytes>]) -> Vec<Reply> {
+pub fn execute_group(sh: &Arc<Shared>, c: &mut Conn, group: Vec<Req>) -> Vec<Reply> {
     if group.len() > 1 {
         for attempt in 0..8 {
             let mut t = sh.store.begin();
             let cx = Cx { proto: c.proto, sh };
             let mut replies = Vec::with_capacity(group.len());
             let mut clean = true;
-            for args in group {
-                let spec = lookup(&args[0]).expect("groupable commands are known");
-                match spec.data.unwrap()(&mut t, &cx, args) {
+            for r in &group {
+                let spec = r.spec.expect("groupable commands are known");
+                match spec.data.unwrap()(&mut t, &cx, &r.args) {
                     Ok(r) if !r.is_error() => replies.push(r),
                     _ => {
                         clean = false;
@@ -399,7 +422,7 @@ pub fn execute_group(sh: &Arc<Shared>, c: &mut Conn, group: &[Vec<Bytes>]) -> Ve
             }
         }
     }
-    group.iter().map(|args| execute(sh, c, args.clone())).collect()
+    group.into_iter().map(|r| execute_req(sh, c, r)).collect()
 }
 
 fn finish(r: CmdResult) -> Reply {
@@ -546,12 +569,12 @@ mod tests {
 
     #[test]
     fn unknown_command_text_matches_redis() {
-        let a: Vec<Bytes> = ["foo", "a", "b"].iter().map(|s| Bytes::from(s.to_string())).collect();
+        let a: Args = ["foo", "a", "b"].iter().map(|s| Bytes::from(s.to_string())).collect();
         assert_eq!(
             unknown_command(&a),
             Reply::err("ERR unknown command 'foo', with args beginning with: 'a' 'b' ")
         );
-        let a = vec![Bytes::from_static(b"FOO")];
+        let a: Args = smallvec::smallvec![Bytes::from_static(b"FOO")];
         assert_eq!(
             unknown_command(&a),
             Reply::err("ERR unknown command 'FOO', with args beginning with: ")

@@ -4,7 +4,7 @@
 use bytes::Bytes;
 
 use super::{delete_key, eq, fail, int_arg, meta, CmdError, CmdResult, Cx, NOT_INT, OVERFLOW, SYNTAX, WRONGTYPE};
-use crate::keys::{meta_key, Meta, STRING_TAG};
+use crate::keys::{meta_key, Meta, MetaKey, STRING_TAG};
 use crate::resp::Reply;
 use crate::store::Kv;
 
@@ -19,7 +19,7 @@ fn get_str(kv: &dyn Kv, key: &[u8]) -> Result<Option<Vec<u8>>, CmdError> {
 
 /// Stores a string at `key`, replacing whatever type was there.
 fn put_str(kv: &mut dyn Kv, key: &[u8], v: &[u8]) -> Result<(), CmdError> {
-    let mk = meta_key(key);
+    let mk = MetaKey::new(key);
     // Only the type tag matters here: it is read in place, not copied out.
     let mut string = true;
     let found = kv.get_with(&mk, &mut |old| string = old.first() == Some(&STRING_TAG))?;
@@ -31,7 +31,7 @@ fn put_str(kv: &mut dyn Kv, key: &[u8], v: &[u8]) -> Result<(), CmdError> {
     let mut enc = Vec::with_capacity(v.len() + 1);
     enc.push(STRING_TAG);
     enc.extend_from_slice(v);
-    kv.put(&mk, &enc)?;
+    kv.put_owned(&mk, enc)?;
     Ok(())
 }
 

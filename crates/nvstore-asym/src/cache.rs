@@ -91,18 +91,23 @@ impl Cache {
 
     /// The cached object at `addr` if it holds at least `len` bytes.
     pub fn get(&mut self, addr: u64, len: usize) -> Option<Vec<u8>> {
+        self.get_ref(addr, len).map(<[u8]>::to_vec)
+    }
+
+    /// [`Cache::get`] without the copy.
+    pub fn get_ref(&mut self, addr: u64, len: usize) -> Option<&[u8]> {
         self.tick += 1;
         self.win_lookups += 1;
-        let r = match self.map.get_mut(&addr) {
+        let hit = match self.map.get(&addr) {
             Some(e) if e.data.len() >= len => {
                 self.slots[e.slot].last = self.tick;
                 self.hits += 1;
-                Some(e.data[..len].to_vec())
+                true
             }
             _ => {
                 self.misses += 1;
                 self.win_misses += 1;
-                None
+                false
             }
         };
         if self.win_lookups >= WINDOW {
@@ -115,7 +120,11 @@ impl Cache {
             self.win_lookups = 0;
             self.win_misses = 0;
         }
-        r
+        if hit {
+            self.map.get(&addr).map(|e| &e.data[..len])
+        } else {
+            None
+        }
     }
 
     /// Whether an object at `depth` is admitted now.

@@ -85,6 +85,13 @@ pub struct AsymResult {
     pub bytes_per_op: f64,
     pub p50_ns: u64,
     pub p99_ns: u64,
+    /// The tail: 99.9th percentile, slowest operation, mean, and the share
+    /// of the timed run spent in operations slower than ten times the
+    /// median (what decides `ops_per_sec` when a few operations stall).
+    pub p999_ns: u64,
+    pub max_ns: u64,
+    pub mean_ns: u64,
+    pub slow_time_share: f64,
     /// `--batch` and `--cache-pct` of the run (for `bench plot`).
     pub batch: usize,
     pub cache_pct: u64,
@@ -120,12 +127,35 @@ impl AsymResult {
             bytes_per_op: d.bytes() as f64 / per,
             p50_ns: hist.value_at_quantile(0.5),
             p99_ns: hist.value_at_quantile(0.99),
+            p999_ns: hist.value_at_quantile(0.999),
+            max_ns: hist.max(),
+            mean_ns: hist.mean() as u64,
+            slow_time_share: slow_time_share(hist, 10),
             batch: 0,
             cache_pct: 0,
             aborted: None,
             partitions: 1,
             per_partition: None,
         }
+    }
+}
+
+/// The share of all recorded time that operations slower than `times`
+/// the median took.
+pub(crate) fn slow_time_share(hist: &Histogram<u64>, times: u64) -> f64 {
+    let bound = hist.value_at_quantile(0.5).saturating_mul(times);
+    let (mut slow, mut all) = (0f64, 0f64);
+    for v in hist.iter_recorded() {
+        let t = hist.median_equivalent(v.value_iterated_to()) as f64 * v.count_at_value() as f64;
+        all += t;
+        if v.value_iterated_to() > bound {
+            slow += t;
+        }
+    }
+    if all > 0.0 {
+        slow / all
+    } else {
+        0.0
     }
 }
 
@@ -415,7 +445,7 @@ pub fn asym_main(a: &AsymArgs, out: &mut dyn Write) -> Result<AsymResult, String
     } else {
         writeln!(
             out,
-            "asym {}{} mode {}: {} ops, {:.0} ops/s, {:.3} round trips/op, {:.0} bytes/op, p50 {} ns, p99 {} ns",
+            "asym {}{} mode {}: {} ops, {:.0} ops/s, {:.3} round trips/op, {:.0} bytes/op, p50 {} ns, p99 {} ns, p99.9 {} ns, max {} ns, mean {} ns, {:.1}% of the time in operations over 10x p50",
             r.app.as_ref().map_or(String::new(), |a| format!("{a} on ")),
             r.structure,
             r.mode,
@@ -424,7 +454,11 @@ pub fn asym_main(a: &AsymArgs, out: &mut dyn Write) -> Result<AsymResult, String
             r.round_trips_per_op,
             r.bytes_per_op,
             r.p50_ns,
-            r.p99_ns
+            r.p99_ns,
+            r.p999_ns,
+            r.max_ns,
+            r.mean_ns,
+            r.slow_time_share * 100.0
         )
         .map_err(w)?;
         if let Some(parts) = &r.per_partition {
@@ -440,4 +474,22 @@ pub fn asym_main(a: &AsymArgs, out: &mut dyn Write) -> Result<AsymResult, String
         }
     }
     Ok(r)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slow_time_share_is_the_time_of_operations_past_ten_medians() {
+        let mut h = Histogram::<u64>::new_with_bounds(1, 3_600_000_000_000, 3).unwrap();
+        for _ in 0..99 {
+            h.record(1_000).unwrap();
+        }
+        assert_eq!(slow_time_share(&h, 10), 0.0);
+        h.record(1_000_000).unwrap();
+        let share = slow_time_share(&h, 10);
+        // 1 ms of 1.099 ms.
+        assert!((share - 1.0 / 1.099).abs() < 0.01, "{share}");
+    }
 }

@@ -29,9 +29,21 @@ fn nvtree_runs_in_every_mode_and_rcb_writes_cost_one_round_trip_when_cached() {
         assert_eq!(r.ops, 4000);
         assert!(r.ops_per_sec > 0.0 && r.p50_ns > 0);
         let json = serde_json::to_value(&r).unwrap();
-        for field in ["ops_per_sec", "round_trips_per_op", "bytes_per_op", "p50_ns", "p99_ns"] {
+        for field in [
+            "ops_per_sec",
+            "round_trips_per_op",
+            "bytes_per_op",
+            "p50_ns",
+            "p99_ns",
+            "p999_ns",
+            "max_ns",
+            "mean_ns",
+            "slow_time_share",
+        ] {
             assert!(json[field].is_number(), "{field}");
         }
+        assert!(r.p999_ns >= r.p99_ns && r.max_ns >= r.p999_ns && r.mean_ns > 0);
+        assert!((0.0..=1.0).contains(&r.slow_time_share), "{}", r.slow_time_share);
         trips.push(r.round_trips_per_op);
     }
     // naive: a tx_write per fence and a read per load; r: a tx_write per

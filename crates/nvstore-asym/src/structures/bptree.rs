@@ -93,6 +93,63 @@ impl Node {
     }
 }
 
+/// A node's key count and leaf flag, read from its bytes (bounded by
+/// the node's room, as [`Node::parse`] bounds them).
+fn header(b: &[u8]) -> (bool, usize) {
+    let w0 = u64_at(b, 0);
+    (w0 & 1 == 1, ((w0 >> 8) as usize).min(FANOUT))
+}
+
+/// The number of a node's first `n` keys that are `<= key` (the child to
+/// route to), found on the node's bytes without parsing it.
+fn route_index(b: &[u8], n: usize, key: u64) -> usize {
+    let (mut lo, mut hi) = (0, n);
+    while lo < hi {
+        let mid = (lo + hi) / 2;
+        if u64_at(b, KEYS + mid * 8) <= key {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    lo
+}
+
+/// Where `key` is among a leaf's first `n` keys: `Ok(slot)` or `Err(insertion point)`.
+fn leaf_search(b: &[u8], n: usize, key: u64) -> std::result::Result<usize, usize> {
+    let i = route_index(b, n, key);
+    if i > 0 && u64_at(b, KEYS + (i - 1) * 8) == key {
+        Ok(i - 1)
+    } else {
+        Err(i)
+    }
+}
+
+/// A leaf's bytes `old` (with `n < FANOUT` keys) after inserting `key`
+/// and `value` at slot `i`: the bytes [`Node::bytes`] gives for the parsed
+/// leaf with the pair inserted, made by shifting the tail in a copy.
+fn leaf_insert(old: &[u8], n: usize, i: usize, key: u64, value: &[u8]) -> Vec<u8> {
+    let mut new = old[..LEAF_SIZE].to_vec();
+    new.copy_within(KEYS + i * 8..KEYS + n * 8, KEYS + (i + 1) * 8);
+    new.copy_within(PAYLOAD + i * VALUE..PAYLOAD + n * VALUE, PAYLOAD + (i + 1) * VALUE);
+    new[KEYS + i * 8..KEYS + (i + 1) * 8].copy_from_slice(&key.to_le_bytes());
+    new[PAYLOAD + i * VALUE..PAYLOAD + (i + 1) * VALUE].copy_from_slice(value);
+    new[..8].copy_from_slice(&(1 | ((n as u64 + 1) << 8)).to_le_bytes());
+    // Past the count a node is zeros, as `Node::bytes` writes it.
+    new[KEYS + (n + 1) * 8..PAYLOAD].fill(0);
+    new[PAYLOAD + (n + 1) * VALUE..].fill(0);
+    new
+}
+
+/// The child an inner node's bytes route `key` to.
+fn route(b: &[u8], key: u64) -> u64 {
+    let (_, n) = header(b);
+    if b.len() < INNER_SIZE {
+        return 0;
+    }
+    u64_at(b, PAYLOAD + route_index(b, n, key) * 8)
+}
+
 /// A B+-tree on a back-end.
 pub struct BpTree {
     meta: u64,
@@ -180,11 +237,22 @@ impl BpTree {
         let m = self.get_meta(r)?;
         let mut at = m.root;
         for depth in 0..m.height {
-            let n = Self::read_node(r, at, depth, m.height)?;
-            if n.leaf {
-                return Ok(n.keys.binary_search(&key).ok().map(|i| n.vals[i].clone()));
+            let size = if depth + 1 == m.height { LEAF_SIZE } else { INNER_SIZE };
+            // Routed and answered on the (cached) bytes, without parsing.
+            let step = r.read_with(at, size, depth as u32 + 1, |b| {
+                let (leaf, n) = header(b);
+                if !leaf {
+                    return Err(route(b, key));
+                }
+                Ok((b.len() >= LEAF_SIZE)
+                    .then(|| leaf_search(b, n, key).ok())
+                    .flatten()
+                    .map(|i| b[PAYLOAD + i * VALUE..PAYLOAD + (i + 1) * VALUE].to_vec()))
+            })?;
+            match step {
+                Ok(v) => return Ok(v),
+                Err(next) => at = next,
             }
-            at = n.kids[n.keys.partition_point(|k| *k <= key)];
         }
         Err(Error::Protocol("B+-tree deeper than its height".into()))
     }
@@ -243,18 +311,37 @@ impl BpTree {
 
     fn do_put(&mut self, r: &mut Remote, key: u64, value: &[u8]) -> Result<()> {
         let mut m = self.get_meta(r)?;
-        let mut path = Vec::new();
+        // Route on the nodes' bytes; nodes are parsed only if a split needs them.
+        let mut raw = Vec::with_capacity(m.height as usize);
         let mut at = m.root;
         for depth in 0..m.height {
-            let (n, old) = Self::read_raw(r, at, depth, m.height)?;
-            let next = if n.leaf {
-                0
-            } else {
-                n.kids[n.keys.partition_point(|k| *k <= key)]
-            };
-            path.push((at, n, old));
+            let size = if depth + 1 == m.height { LEAF_SIZE } else { INNER_SIZE };
+            let b = r.read(at, size, depth as u32 + 1)?;
+            let (leaf, _) = header(&b);
+            let next = if leaf { 0 } else { route(&b, key) };
+            raw.push((at, b));
             at = next;
         }
+        let (leaf_at, old) = raw.last().unwrap();
+        let (is_leaf, n) = header(old);
+        if is_leaf && old.len() >= LEAF_SIZE {
+            match leaf_search(old, n, key) {
+                Ok(i) => {
+                    let off = PAYLOAD + i * VALUE;
+                    return r.write(leaf_at + off as u64, value);
+                }
+                Err(i) if n < FANOUT => {
+                    // Room in the leaf: shift the keys and values past the
+                    // insertion point in a copy and write what changed.
+                    let new = leaf_insert(old, n, i, key, value);
+                    r.write_changes(*leaf_at, old, &new)?;
+                    m.count += 1;
+                    return self.put_meta(r, &m, false);
+                }
+                Err(_) => {}
+            }
+        }
+        let mut path: Vec<(u64, Node, Vec<u8>)> = raw.into_iter().map(|(a, b)| (a, Node::parse(&b), b)).collect();
         let (leaf_at, mut leaf, mut old) = path.pop().unwrap();
         match leaf.keys.binary_search(&key) {
             Ok(i) => {
@@ -356,6 +443,48 @@ impl Replay for BpTree {
             Some(&OP_PUT) if op.len() == 9 + VALUE => self.do_put(r, u64_at(op, 1), &op[9..]),
             Some(&OP_DEL) if op.len() == 9 => self.do_remove(r, u64_at(op, 1)).map(|_| ()),
             _ => Err(Error::Protocol(format!("not a B+-tree operation: {op:?}"))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_insert_on_the_bytes_equals_the_parsed_leaf_rewritten() {
+        let mut leaf = Node {
+            leaf: true,
+            next: 0x1234,
+            keys: vec![],
+            vals: vec![],
+            kids: vec![],
+        };
+        let mut bytes = leaf.bytes();
+        // Inserts at the front, the back and between, up to a full leaf.
+        for (j, key) in (0..FANOUT as u64).map(|j| (j, (j * 7919) % 101)).collect::<Vec<_>>() {
+            let value = [j as u8 + 1; VALUE];
+            let (is_leaf, n) = header(&bytes);
+            assert!(is_leaf);
+            let i = leaf_search(&bytes, n, key).unwrap_err();
+            assert_eq!(i, leaf.keys.partition_point(|k| *k < key));
+            let got = leaf_insert(&bytes, n, i, key, &value);
+            leaf.keys.insert(i, key);
+            leaf.vals.insert(i, value.to_vec());
+            assert_eq!(got, leaf.bytes(), "insert of {key} at {i}");
+            bytes = got;
+            assert_eq!(leaf_search(&bytes, n + 1, key), Ok(i));
+        }
+        let inner = Node {
+            leaf: false,
+            next: 0,
+            keys: vec![10, 20, 30],
+            vals: vec![],
+            kids: vec![1, 2, 3, 4],
+        };
+        let b = inner.bytes();
+        for (key, kid) in [(0, 1), (10, 2), (19, 2), (20, 3), (30, 4), (99, 4)] {
+            assert_eq!(route(&b, key), kid, "{key}");
         }
     }
 }

@@ -7,8 +7,9 @@
 //! `crossbeam-channel`) and returns a future at once. A fixed set of worker
 //! threads pops the function objects and runs them on the shared `Db`; the
 //! worker that finishes one stores its result in the request's completion
-//! slot (the paper's `std::promise`: one allocation shared by the future
-//! and the request), and only then is the caller's future ready.
+//! slot (the paper's `std::promise`), and only then is the caller's future
+//! ready. The function object and its slot are one allocation, shared by
+//! the queue and the future.
 //!
 //! What a request costs besides its own work, and how it is kept small:
 //! - A worker takes its share of the queue (up to [`BATCH`] requests) per
@@ -57,7 +58,49 @@ pub type Pairs = Vec<(Vec<u8>, Vec<u8>)>;
 /// A request as the workers see it: run on the store, or told that it will
 /// never run (`None`). Either way it completes its caller's future, and
 /// returns the waker to wake for it (the worker wakes it after its batch).
-type Job<S> = Box<dyn FnOnce(Option<&Db<S>>) -> Option<Waker> + Send>;
+/// The request's closure and its completion slot are one allocation
+/// ([`Request`]), shared by the queue and the future.
+type Job<S> = Arc<dyn Runnable<S>>;
+
+/// What a worker does with a queued request.
+trait Runnable<S: Space>: Send + Sync {
+    fn run(&self, db: Option<&Db<S>>) -> Option<Waker>;
+}
+
+/// One request: its closure, taken by the worker that runs it, and the
+/// slot its result goes to.
+struct Request<F, T> {
+    f: Mutex<Option<F>>,
+    slot: Slot<T>,
+}
+
+impl<S, F, T> Runnable<S> for Request<F, T>
+where
+    S: Space + Send + Sync + 'static,
+    T: Send,
+    F: FnOnce(&Db<S>) -> Result<T> + Send,
+{
+    fn run(&self, db: Option<&Db<S>>) -> Option<Waker> {
+        let f = self.f.lock().take()?;
+        let r = match db {
+            Some(db) => std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(db)))
+                .unwrap_or_else(|p| Err(Error::WorkerPanic(panic_message(&*p)))),
+            None => Err(Error::Closed),
+        };
+        self.slot.complete(r)
+    }
+}
+
+/// The future's view of a [`Request`]: its slot.
+trait HasSlot<T>: Send + Sync {
+    fn slot(&self) -> &Slot<T>;
+}
+
+impl<F: Send, T: Send> HasSlot<T> for Request<F, T> {
+    fn slot(&self) -> &Slot<T> {
+        &self.slot
+    }
+}
 
 /// Worker threads [`AsyncDb::open`] and [`AsyncDb::new`] start: one per
 /// core, at least two, so one long request never holds up all others.
@@ -141,22 +184,24 @@ impl<S: Space + Send + Sync + 'static> AsyncDb<S> {
         T: Send + 'static,
         F: FnOnce(&Db<S>) -> Result<T> + Send + 'static,
     {
-        let slot = Arc::new(Slot::default());
-        let done = Completer(Some(slot.clone()));
-        let job: Job<S> = Box::new(move |db| {
-            let r = match db {
-                Some(db) => std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(db)))
-                    .unwrap_or_else(|p| Err(Error::WorkerPanic(panic_message(&*p)))),
-                None => Err(Error::Closed),
-            };
-            done.complete(r)
+        let req = Arc::new(Request {
+            f: Mutex::new(Some(f)),
+            slot: Slot::default(),
         });
-        if let Some(q) = &self.queue {
-            // Fails only once every worker is gone; then the job (and its
-            // completer) is dropped and the future resolves to `Closed`.
-            let _ = q.send(job);
+        let job: Job<S> = req.clone();
+        // Sending fails only once every worker is gone (or after close);
+        // then the request is told it will never run, and its future
+        // resolves to `Closed`.
+        let unsent = match &self.queue {
+            Some(q) => q.send(job).err().map(|e| e.into_inner()),
+            None => Some(job),
+        };
+        if let Some(job) = unsent {
+            if let Some(w) = job.run(None) {
+                w.wake();
+            }
         }
-        DbFuture { slot }
+        DbFuture { req }
     }
 
     /// The value stored for `key`.
@@ -228,7 +273,7 @@ impl<S: Space + Send + Sync + 'static> AsyncDb<S> {
         // Fail the queued requests here, at once, rather than when a busy
         // worker next looks; workers drop anything that races past.
         while let Ok(job) = self.pending.try_recv() {
-            if let Some(w) = job(None) {
+            if let Some(w) = job.run(None) {
                 w.wake();
             }
         }
@@ -280,7 +325,7 @@ fn worker<S: Space>(db: &Db<S>, rx: &Receiver<Job<S>>, abort: &AtomicBool, worke
         batch.extend(rx.try_iter().take(share));
         for job in batch.drain(..) {
             let db = (!abort.load(Ordering::SeqCst)).then_some(db);
-            wake.extend(job(db));
+            wake.extend(job.run(db));
         }
         for w in wake.drain(..) {
             w.wake();
@@ -337,35 +382,14 @@ impl<T> Default for Slot<T> {
     }
 }
 
-/// The request's end of a [`Slot`]. Dropped without completing (the
-/// request was dropped unrun), it marks the slot done with no result, so
-/// the future resolves to [`Error::Closed`] rather than hanging.
-struct Completer<T>(Option<Arc<Slot<T>>>);
-
-impl<T> Completer<T> {
+impl<T> Slot<T> {
     /// Stores the result; returns the waker of a future waiting for it,
     /// for the caller to wake (the worker does so after its batch).
-    fn complete(mut self, r: Result<T>) -> Option<Waker> {
-        let slot = self.0.take()?;
-        let mut st = slot.state.lock();
+    fn complete(&self, r: Result<T>) -> Option<Waker> {
+        let mut st = self.state.lock();
         st.done = true;
         st.result = Some(r);
         st.waker.take()
-    }
-}
-
-impl<T> Drop for Completer<T> {
-    fn drop(&mut self) {
-        if let Some(slot) = self.0.take() {
-            let waker = {
-                let mut st = slot.state.lock();
-                st.done = true;
-                st.waker.take()
-            };
-            if let Some(w) = waker {
-                w.wake();
-            }
-        }
     }
 }
 
@@ -373,7 +397,7 @@ impl<T> Drop for Completer<T> {
 /// Dropping it does not cancel the request (a write still happens).
 #[must_use = "the request runs anyway; its result is only seen by awaiting the future"]
 pub struct DbFuture<T> {
-    slot: Arc<Slot<T>>,
+    req: Arc<dyn HasSlot<T>>,
 }
 
 impl<T> DbFuture<T> {
@@ -387,7 +411,7 @@ impl<T> DbFuture<T> {
 impl<T> Future for DbFuture<T> {
     type Output = Result<T>;
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<T>> {
-        let mut st = self.slot.state.lock();
+        let mut st = self.req.slot().state.lock();
         if st.done {
             // No result: the request was dropped without running (the
             // store shut down).

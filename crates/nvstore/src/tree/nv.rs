@@ -150,31 +150,38 @@ fn newest_in<S: Space>(s: &S, leaf: &Leaf<Nv>, h: &Hints, n: u64, key: &[u8], at
     found
 }
 
-/// The deletion bits, within word `word` of the leaf's two, of every
-/// element among the first `n` that holds `key` (its versions, gone or
-/// not); `None` when one lies outside that word (a delete in place must
-/// hide them all with one store, or an older version would show again).
-fn key_bits<S: Space>(s: &S, leaf: &Leaf<Nv>, layout: &Layout, n: u64, key: &[u8], word: u64) -> Option<u64> {
-    let h = hints(s, leaf);
+/// The deletion bits, within word `i / 64` of the leaf's two, of every
+/// element that holds `key`, whose newest element is `i`: `i` itself and
+/// its older versions (gone or not); `None` when one lies outside that
+/// word (a delete in place must hide them all with one store, or an older
+/// version would show again). A compact entry is its key's only element.
+fn key_bits<S: Space>(s: &S, leaf: &Leaf<Nv>, layout: &Layout, key: &[u8], i: u64) -> Option<u64> {
+    let word = i / 64;
+    if i >= nv::GONE_SLOTS {
+        return None;
+    }
+    let mut bits = 1u64 << (i % 64);
+    if i < layout.compact {
+        return Some(bits);
+    }
     let kw = nv::key_word(key);
-    let mut bits = 0u64;
     let mut outside = false;
-    h.candidates(0, n, fingerprint(lookup_word(key)), |i| {
-        let holds = if i < layout.compact {
-            compact_match(s, layout, i, key, kw, u64::MAX).is_some()
+    hints(s, leaf).candidates(0, i, fingerprint(lookup_word(key)), |j| {
+        let holds = if j < layout.compact {
+            compact_match(s, layout, j, key, kw, u64::MAX).is_some()
         } else {
-            full_match(s, layout, i, key, kw, u64::MAX).is_some()
+            full_match(s, layout, j, key, kw, u64::MAX).is_some()
         };
         if holds {
-            if i / 64 == word && i < nv::GONE_SLOTS {
-                bits |= 1 << (i % 64);
+            if j / 64 == word {
+                bits |= 1 << (j % 64);
             } else {
                 outside = true;
             }
         }
         outside
     });
-    (!outside && bits != 0).then_some(bits)
+    (!outside).then_some(bits)
 }
 
 /// Which of `elems` (key order, a key's versions adjacent, a settled
@@ -505,7 +512,7 @@ impl LeafFormat for Nv {
         if i < nv::GONE_SLOTS {
             let w = clock.begin_write();
             if clock.quiet(&w) {
-                if let Some(bits) = key_bits(s, leaf, &layout, n, key, i / 64) {
+                if let Some(bits) = key_bits(s, leaf, &layout, key, i) {
                     leaf.state.in_place.fetch_max(w.ts, Ordering::AcqRel);
                     let slot = &hints(s, leaf).gone[(i / 64) as usize];
                     let word = slot.load(Ordering::Relaxed) | bits;

@@ -539,3 +539,30 @@ fn a_delete_whose_elements_straddle_the_bit_words_appends() {
     let r = db.check();
     assert!(r.ok, "{:?}", r.problems);
 }
+
+/// A one-key read-modify-write that deletes (`Db::write_one`, the server's
+/// DEL) deletes in place as a plain delete does.
+#[test]
+fn a_one_key_write_deletes_in_place() {
+    use nvstore::pmem::ThreadCounters;
+    use nvstore::txn::OneWrite;
+    let db = sim_db();
+    for i in 0..200u64 {
+        db.put(&key(i), &i.to_le_bytes()).unwrap();
+    }
+    let elems = elements(&db);
+    for i in (0..200u64).step_by(3) {
+        let before = ThreadCounters::get();
+        let seen = db
+            .write_one(&key(i), |v| (OneWrite::Delete, v.map(|v| v.to_vec())))
+            .unwrap();
+        let d = ThreadCounters::get().since(before);
+        assert_eq!(seen, Some(i.to_le_bytes().to_vec()), "key {i}");
+        assert_eq!((d.flushes, d.fences), (1, 1), "delete of key {i}");
+        assert_eq!(db.get(&key(i)).unwrap(), None, "key {i}");
+    }
+    assert_eq!(elements(&db), elems, "a one-key delete appended");
+    assert_eq!(db.iter().count(), 200 - 67);
+    let r = db.check();
+    assert!(r.ok, "{:?}", r.problems);
+}

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use crossbeam_epoch as epoch;
 
-use super::leaf::{LeafFormat, ValueRef};
+use super::leaf::{LeafFormat, Removed, ValueRef};
 use super::split::Goal;
 use super::{check_key, check_sizes, Leaf, Tree};
 use crate::error::{Error, Result};
@@ -352,7 +352,22 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
                 let value = match w {
                     OneWrite::Keep => return Ok(OneStep::Done(r, false)),
                     OneWrite::Delete if old.is_none() => return Ok(OneStep::Done(r, false)),
-                    OneWrite::Delete => None,
+                    // A delete as a plain delete does it: in place when it
+                    // can be (`LeafFormat::remove`), else one NEGATIVE
+                    // element.
+                    OneWrite::Delete => {
+                        return Ok(match L::remove(sp, leaf, key, &self.clock) {
+                            Removed::Full => OneStep::Full,
+                            Removed::Moved => OneStep::Again,
+                            Removed::Done { existed, freed } => {
+                                debug_assert!(existed && freed.is_none(), "a versioned leaf frees no blob on delete");
+                                self.adaptive.wrote(&leaf.counters, 1, 1);
+                                self.keys.fetch_sub(1, Ordering::Relaxed);
+                                drop(lk);
+                                OneStep::Done(r, true)
+                            }
+                        });
+                    }
                     OneWrite::Put(v) => {
                         check_sizes(key, &v)?;
                         Some(v)
@@ -361,7 +376,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
                 // An update appends only the new element, as a plain put
                 // does (the newest element at or below a reader's timestamp
                 // decides, so the old one needs no NEGATIVE twin): the leaf
-                // fills half as fast. A delete appends the NEGATIVE one.
+                // fills half as fast.
                 let need = 1;
                 if n + need > L::room(sp, leaf) {
                     return Ok(OneStep::Full);
@@ -378,10 +393,9 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
                     None => 0,
                 };
                 let w = self.clock.begin_write();
-                let elem = match (&value, old) {
-                    (Some(v), _) => element::encode(key, v, blob, w.ts, false),
-                    (None, Some(o)) => element::negate(o, w.ts, false),
-                    (None, None) => unreachable!("a delete of an absent key returned above"),
+                let elem = match &value {
+                    Some(v) => element::encode(key, v, blob, w.ts, false),
+                    None => unreachable!("a delete returned above"),
                 };
                 L::append(sp, leaf, n, &[elem]);
                 leaf.durable.store(n + 1, Ordering::Release);

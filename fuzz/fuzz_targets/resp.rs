@@ -33,7 +33,7 @@ fn parse(input: &[u8], sizes: &[usize], lim: &Limits) -> Outcome {
             match parser.next(&mut buf, lim) {
                 Ok(Some(r)) => {
                     assert!(!r.is_empty(), "an empty request was returned");
-                    reqs.push(r);
+                    reqs.push(r.to_vec());
                 }
                 Ok(None) => break,
                 Err(e) => return (reqs, Some(e)),

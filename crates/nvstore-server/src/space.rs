@@ -105,6 +105,11 @@ impl Space for ServerSpace {
     }
 
     #[inline]
+    fn prefetch(&self, off: u64) {
+        each!(self, s => s.prefetch(off))
+    }
+
+    #[inline]
     fn prefetch_write(&self, off: u64) {
         each!(self, s => s.prefetch_write(off))
     }

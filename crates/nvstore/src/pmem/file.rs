@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 
-use super::flush::{flush_range, sfence, spin_ns, FlushKind};
+use super::flush::{self, flush_range, sfence, spin_ns, FlushKind};
 use super::{counters, Point, Space, LINE};
 use crate::error::{Error, Result};
 
@@ -292,6 +292,11 @@ impl Space for FileSpace {
     #[inline]
     fn size(&self) -> u64 {
         self.size.load(Ordering::Acquire)
+    }
+
+    #[inline]
+    fn prefetch(&self, off: u64) {
+        flush::prefetch(self.ptr(off, 8));
     }
 
     #[inline]

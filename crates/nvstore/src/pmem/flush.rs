@@ -169,6 +169,21 @@ pub fn spin_ns(ns: u64) {
     }
 }
 
+/// Asks for the cache line holding `p` to be loaded into the caches
+/// without waiting for it (DRAM structures a lookup is about to read).
+#[inline]
+pub fn prefetch(p: *const u8) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use core::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        // SAFETY: a prefetch never faults, whatever the address, and
+        // changes no memory.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.cast::<i8>()) };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

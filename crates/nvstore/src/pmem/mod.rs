@@ -159,6 +159,11 @@ pub trait Space: Send + Sync + 'static {
     #[inline]
     fn prefetch_write(&self, _off: u64) {}
 
+    /// A hint that the line holding `off` is about to be read (see
+    /// [`Space::prefetch_write`]).
+    #[inline]
+    fn prefetch(&self, _off: u64) {}
+
     /// Flush then fence: the common "persist" step.
     #[inline]
     fn persist(&self, off: u64, len: u64, flush: Point, fence: Point) {

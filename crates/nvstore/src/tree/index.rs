@@ -17,6 +17,7 @@
 //! predecessor's bound (likewise empty).
 
 use std::cmp::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
@@ -89,18 +90,32 @@ pub struct Pln<St> {
     /// them in one pass; it reads a full key (a pointer away) only on a tie.
     words: SmallVec<[u64; INLINE_SLOTS]>,
     /// The entries' leaves, in the same order: what routing hands on.
-    leaves: SmallVec<[Arc<LeafRef<St>>; INLINE_SLOTS]>,
+    leaves: SmallVec<[Slot<St>; INLINE_SLOTS]>,
     pub entries: Vec<Entry<St>>,
     /// Entries it may hold before the index is rebuilt: the index's
     /// `pln_limit`, more for a hot-write PLN (NV-Tree §5.5).
     pub limit: usize,
 }
 
+/// A leaf as its PLN routes to it: the handle, and the leaf format's
+/// guide ([`LeafFormat::guide`](super::leaf::LeafFormat::guide)), learned by
+/// the first lookup that reads the leaf, on the same line as the handle.
+struct Slot<St> {
+    leaf: Arc<LeafRef<St>>,
+    guide: AtomicU64,
+}
+
 impl<St> Pln<St> {
     pub fn new(entries: Vec<Entry<St>>, limit: usize) -> Self {
         Pln {
             words: entries.iter().map(|e| bound_word(&e.max)).collect(),
-            leaves: entries.iter().map(|e| e.leaf.clone()).collect(),
+            leaves: entries
+                .iter()
+                .map(|e| Slot {
+                    leaf: e.leaf.clone(),
+                    guide: AtomicU64::new(0),
+                })
+                .collect(),
             entries,
             limit,
         }
@@ -358,16 +373,35 @@ impl<St> Index<St> {
     /// a clone and its drop cost (and the stall on that line).
     #[inline]
     pub fn with_leaf<R>(&self, key: &[u8], f: impl FnOnce(&Arc<LeafRef<St>>) -> R) -> R {
+        self.with_leaf_guided(key, |_, _, _, _| {}, |leaf, _| f(leaf))
+    }
+
+    /// [`Index::with_leaf`] for a reader that prefetches: before `f` runs,
+    /// `guess(guide, lo, hi, kw)` is called with the leaf's guide (when one
+    /// is known, and the leaf is not its PLN's first, whose lower bound
+    /// lives in another PLN), the prefix words of the leaf's bounds and the
+    /// key's word. `f` also gets the guide's cell, to fill in when it is 0.
+    #[inline]
+    pub fn with_leaf_guided<R>(
+        &self,
+        key: &[u8],
+        guess: impl FnOnce(u64, u64, u64, u64),
+        f: impl FnOnce(&Arc<LeafRef<St>>, Option<&AtomicU64>) -> R,
+    ) -> R {
         let kw = crate::format::leaf_nv::key_word(key);
         let mut p = self.find_pln_word(key, kw, false).min(self.used_plns - 1);
         loop {
             let pln = self.plns[p].load();
             let pos = pln.position(key, kw, false);
-            if let Some(leaf) = pln.leaves.get(pos) {
-                return f(leaf);
+            if let Some(slot) = pln.leaves.get(pos) {
+                let guide = slot.guide.load(AtomicOrdering::Relaxed);
+                if guide != 0 && pos > 0 {
+                    guess(guide, pln.words[pos - 1], pln.words[pos], kw);
+                }
+                return f(&slot.leaf, Some(&slot.guide));
             }
             if p + 1 >= self.used_plns {
-                return f(&self.find_last().leaf);
+                return f(&self.find_last().leaf, None);
             }
             p += 1;
         }

@@ -208,6 +208,22 @@ pub trait LeafFormat: Send + Sync + 'static {
     /// the epoch pinned while it reads the value through the answer.
     fn read_ref<S: Space>(s: &S, leaf: &Leaf<Self>, key: &[u8], at: u64) -> Option<Option<ValueRef>>;
 
+    /// A word from which a reader that has routed to this leaf, but not yet
+    /// read its DRAM handle, can guess the line holding a key
+    /// ([`LeafFormat::prefetch_guess`]); kept next to the leaf's handle in
+    /// its PLN. 0 means not known yet; a format without a guess answers 1.
+    fn guide<S: Space>(_s: &S, _leaf: &Leaf<Self>) -> u64 {
+        1
+    }
+
+    /// Starts loading the line(s) of the leaf that most likely hold the
+    /// 8-byte key whose word is `kw`, given the leaf's `guide` and the
+    /// prefix words `lo` (exclusive) and `hi` (inclusive) of its bounds,
+    /// so that miss overlaps the one on the leaf's DRAM handle. Only a
+    /// hint: it changes nothing, and a wrong guess costs a line's load.
+    #[inline]
+    fn prefetch_guess<S: Space>(_s: &S, _guide: u64, _lo: u64, _hi: u64, _kw: u64) {}
+
     /// [`LeafFormat::read_ref`] with the value copied out.
     fn read<S: Space>(s: &S, leaf: &Leaf<Self>, key: &[u8], at: u64) -> Option<Option<Vec<u8>>> {
         Self::read_ref(s, leaf, key, at).map(|v| v.map(|v| v.with(s, <[u8]>::to_vec)))

@@ -315,10 +315,20 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
         loop {
             let _g = epoch::pin();
             let idx = self.index.load();
-            let found = idx.with_leaf(key, |leaf| -> Result<_> {
+            let space = &*self.space;
+            let guess = |guide, lo, hi, kw| {
+                if key.len() == 8 {
+                    L::prefetch_guess(space, guide, lo, hi, kw);
+                }
+            };
+            let found = idx.with_leaf_guided(key, guess, |leaf, guide| -> Result<_> {
                 self.sound(leaf)?;
                 self.adaptive.read(&leaf.counters);
-                Ok(L::read_ref(&*self.space, leaf, key, at))
+                let found = L::read_ref(space, leaf, key, at);
+                if let Some(g) = guide.filter(|g| g.load(Ordering::Relaxed) == 0) {
+                    g.store(L::guide(space, leaf), Ordering::Relaxed);
+                }
+                Ok(found)
             })?;
             if let Some(v) = found {
                 return Ok(v.map(|v| v.with(&*self.space, f)));

@@ -23,6 +23,12 @@ use crate::pmem::{points, Space, LINE};
 /// The NV-Tree leaf: unsorted, append-only, published by its count.
 pub struct Nv;
 
+/// [`LeafFormat::guide`] of an nv leaf: its offset in the low bits, its
+/// compact entry count from bit 48.
+const GUIDE_COUNT_SHIFT: u32 = 48;
+const GUIDE_OFF_MASK: u64 = (1 << GUIDE_COUNT_SHIFT) - 1;
+const GUIDE_COUNT_MAX: u64 = (1 << (64 - GUIDE_COUNT_SHIFT)) - 1;
+
 /// Full element `i` as the newest for `key` (key word `kw`) at `at`, if it
 /// holds that key and is visible at `at`.
 #[inline]
@@ -69,6 +75,20 @@ fn blob_key_is<S: Space>(s: &S, off: u64, key: &[u8]) -> bool {
         done += n;
     }
     true
+}
+
+/// [`Nv::prefetch_guess`]'s span: the pool offsets of the first and the
+/// last compact entry it loads, two entries either side of where `kw`
+/// falls between the bound words `lo` (exclusive) and `hi`.
+#[inline]
+fn guessed_entries(guide: u64, lo: u64, hi: u64, kw: u64) -> Option<(u64, u64)> {
+    let compact = guide >> GUIDE_COUNT_SHIFT;
+    if compact == 0 || kw <= lo || kw > hi {
+        return None;
+    }
+    let at = ((kw - lo) as u128 * compact as u128 / (hi - lo) as u128) as u64;
+    let entry = |j: u64| (guide & GUIDE_OFF_MASK) + nv::ELEMS_OFF + j * nv::COMPACT_SIZE;
+    Some((entry(at.saturating_sub(2)), entry((at + 2).min(compact - 1))))
 }
 
 /// The newest element for `key` among the first `n` at `at`, from the key
@@ -413,6 +433,30 @@ impl LeafFormat for Nv {
     /// (one line of them per 32 leaf lines), and reads only the elements
     /// whose fingerprint matches: about one.
     const SEARCH_LINE_SHARE: f64 = 1.0 / 32.0;
+
+    /// The leaf's offset and its number of compact entries (bits 48..):
+    /// the compact prefix is sorted, so a key's entry lies about where its
+    /// word falls between the leaf's bounds.
+    fn guide<S: Space>(s: &S, leaf: &Leaf<Nv>) -> u64 {
+        let compact = hints(s, leaf).compact;
+        if compact == 0 || compact > GUIDE_COUNT_MAX || leaf.off > GUIDE_OFF_MASK {
+            return 1;
+        }
+        leaf.off | compact << GUIDE_COUNT_SHIFT
+    }
+
+    /// The compact entries around the one that interpolating `kw` between
+    /// the bounds' words points at: two entries either side, at most two
+    /// lines (four entries a line).
+    #[inline]
+    fn prefetch_guess<S: Space>(s: &S, guide: u64, lo: u64, hi: u64, kw: u64) {
+        if let Some((first, last)) = guessed_entries(guide, lo, hi, kw) {
+            s.prefetch(first);
+            if first / LINE != last / LINE {
+                s.prefetch(last);
+            }
+        }
+    }
 
     fn read_ref<S: Space>(s: &S, leaf: &Leaf<Nv>, key: &[u8], at: u64) -> Option<Option<ValueRef>> {
         let n = leaf.durable.load(Ordering::Acquire);
@@ -813,6 +857,46 @@ mod tests {
     use super::*;
     use crate::format::element::write_blob;
     use crate::tree::collate::tests::{history_of, shared_word_keys, unsettled};
+
+    #[test]
+    fn the_guessed_entries_hold_evenly_spread_keys_and_stay_in_the_prefix() {
+        let off = 4096u64;
+        let entry = |j: u64| off + nv::ELEMS_OFF + j * nv::COMPACT_SIZE;
+        for compact in [1u64, 2, 5, 30, 60] {
+            let guide = off | compact << GUIDE_COUNT_SHIFT;
+            // Keys 1000 + 10 j between bounds 995 (exclusive) and the last key.
+            let (lo, hi) = (995, 1000 + 10 * (compact - 1));
+            for j in 0..compact {
+                let (first, last) = guessed_entries(guide, lo, hi, 1000 + 10 * j).expect("a guess");
+                assert!(first <= entry(j) && entry(j) <= last, "compact {compact}, entry {j}");
+                assert!(first >= entry(0) && last <= entry(compact - 1));
+            }
+            assert_eq!(guessed_entries(guide, lo, hi, lo), None, "outside the bounds");
+            assert_eq!(guessed_entries(guide, lo, hi, hi + 1), None);
+        }
+        // No compact prefix, or the guide of a format without one: no guess.
+        assert_eq!(guessed_entries(off, 0, 100, 50), None);
+        assert_eq!(guessed_entries(1, 0, 100, 50), None);
+        // Keys spread at random: the entry is usually in the two lines.
+        let mut rng = 0x9E37_79B9_7F4A_7C15u64;
+        let (mut hit, mut all) = (0, 0);
+        for _ in 0..200 {
+            let mut keys: Vec<u64> = (0..30)
+                .map(|_| {
+                    rng = rng.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                    1 + (rng >> 8)
+                })
+                .collect();
+            keys.sort_unstable();
+            let guide = off | (keys.len() as u64) << GUIDE_COUNT_SHIFT;
+            for (j, &k) in keys.iter().enumerate() {
+                let (first, last) = guessed_entries(guide, 0, u64::MAX >> 8, k).expect("a guess");
+                hit += (first <= entry(j as u64) && entry(j as u64) <= last) as u32;
+                all += 1;
+            }
+        }
+        assert!(hit * 2 > all, "{hit} of {all} entries in the guessed span");
+    }
 
     #[test]
     fn key_table_lookups_match_a_linear_scan() {

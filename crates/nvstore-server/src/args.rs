@@ -42,8 +42,9 @@ pub struct ServeArgs {
     /// TCP port (0 picks a free one; the readiness line names it).
     #[arg(long, default_value_t = 6380)]
     pub port: u16,
-    /// Network threads, which also run the commands (default: the number of
-    /// CPUs); 1 runs one event loop on a current-thread runtime, as Redis does.
+    /// Network threads, which also run the commands (default: half the
+    /// CPUs, at least 1); 1 runs one event loop on a current-thread runtime,
+    /// as Redis does.
     #[arg(long)]
     pub threads: Option<usize>,
     /// Require AUTH with this password (user `default`).

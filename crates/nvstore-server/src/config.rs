@@ -52,7 +52,7 @@ impl Default for Config {
             max_size: 1 << 40,
             bind: "127.0.0.1".into(),
             port: 6380,
-            threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
+            threads: default_threads(std::thread::available_parallelism().map_or(1, |n| n.get())),
             requirepass: None,
             maxclients: 10_000,
             limits: Limits::default(),
@@ -60,5 +60,33 @@ impl Default for Config {
             compact: CompactLimits::default(),
             remote: None,
         }
+    }
+}
+
+/// Reactor threads by default: half the CPUs, at least one. Most of a
+/// request's server time is the kernel's (the loopback send, waking the
+/// client), and that runs on whichever core the peer wakes on; a second
+/// reactor on a 2-CPU machine only adds wake-ups between the two workers
+/// (futex, work stealing) and write conflicts between connections, and
+/// measured more CPU per command than one (BENCHMARKS.md, "`nvstore serve`
+/// against `redis-server`", 2026-11-27).
+pub fn default_threads(cpus: usize) -> usize {
+    (cpus / 2).max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_threads_are_half_the_cpus_and_at_least_one() {
+        assert_eq!(default_threads(1), 1);
+        assert_eq!(default_threads(2), 1);
+        assert_eq!(default_threads(3), 1);
+        assert_eq!(default_threads(8), 4);
+        assert_eq!(
+            Config::default().threads,
+            default_threads(std::thread::available_parallelism().map_or(1, |n| n.get()))
+        );
     }
 }

@@ -20,6 +20,10 @@ use smallvec::SmallVec;
 /// HGETALL) live inline, so a request costs no allocation of its own.
 pub type Args = SmallVec<[Bytes; 4]>;
 
+/// Most arguments reserved from a request's declared count before they
+/// arrive; past it they grow as they arrive.
+const RESERVE_ARGS: usize = 64;
+
 /// Request-size limits (Redis: `proto-max-bulk-len`, the multibulk count cap,
 /// `PROTO_INLINE_MAX_SIZE`).
 #[derive(Clone, Copy, Debug)]
@@ -125,9 +129,13 @@ impl Parser {
                 }
                 self.in_multibulk = true;
                 self.pending = n as usize;
-                // Nothing reserved for the declared count: the arguments
-                // grow as they arrive.
+                // Room for the declared count up to RESERVE_ARGS (a
+                // client's claim alone reserves little): an HMSET or MSET
+                // spills out of the inline four once, not by doubling.
                 self.args = Args::new();
+                if n as usize > self.args.inline_size() {
+                    self.args.reserve_exact((n as usize).min(RESERVE_ARGS));
+                }
             }
             while self.pending > 0 {
                 let len = match self.bulk {
@@ -466,6 +474,25 @@ mod tests {
     fn multibulk_and_inline_pipelined() {
         let got = parse_all(b"*2\r\n$3\r\nGET\r\n$1\r\nk\r\nPING\r\n*0\r\n\r\n*-1\r\nset a \"b c\"\r\n").unwrap();
         assert_eq!(got, vec![v(&["GET", "k"]), v(&["PING"]), v(&["set", "a", "b c"])]);
+    }
+
+    #[test]
+    fn declared_count_is_reserved_once_and_capped() {
+        let lim = Limits::default();
+        // MSET of ten pairs: 21 arguments, room for all of them at once.
+        let mut req = b"*21\r\n$4\r\nMSET\r\n".to_vec();
+        for i in 0..20 {
+            req.extend_from_slice(format!("$2\r\nk{}\r\n", i % 10).as_bytes());
+        }
+        let mut buf = BytesMut::from(&req[..]);
+        let a = Parser::new().next(&mut buf, &lim).unwrap().unwrap();
+        assert_eq!((a.len(), a.capacity()), (21, 21));
+        // A huge claim reserves only RESERVE_ARGS; the rest never arrives.
+        let mut p = Parser::new();
+        let mut buf = BytesMut::from(&b"*1000000\r\n$1\r\nx\r\n"[..]);
+        assert!(p.next(&mut buf, &lim).unwrap().is_none());
+        assert_eq!(p.args.capacity(), RESERVE_ARGS);
+        assert_eq!(p.args.len(), 1);
     }
 
     #[test]

@@ -85,6 +85,41 @@ pub struct Spec {
     pub last_key: i32,
     pub step: i32,
     pub data: Option<DataFn>,
+    /// Whether it may walk the whole key space (or close the pool), so the
+    /// server runs it on the blocking pool ([`walks_keyspace`]). Set from
+    /// the name when the table is built, not compared per request.
+    pub walks: bool,
+}
+
+/// Commands that may walk the whole key space or close the pool.
+const WALKERS: [&str; 8] = [
+    "keys", "scan", "dbsize", "info", "flushdb", "flushall", "shutdown", "exec",
+];
+
+const fn same(a: &str, b: &str) -> bool {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    if a.len() != b.len() {
+        return false;
+    }
+    let mut i = 0;
+    while i < a.len() {
+        if a[i] != b[i] {
+            return false;
+        }
+        i += 1;
+    }
+    true
+}
+
+const fn walks(name: &str) -> bool {
+    let mut i = 0;
+    while i < WALKERS.len() {
+        if same(WALKERS[i], name) {
+            return true;
+        }
+        i += 1;
+    }
+    false
 }
 
 const fn spec(name: &'static str, arity: i32, kind: Kind, keys: (i32, i32, i32), data: Option<DataFn>) -> Spec {
@@ -96,6 +131,7 @@ const fn spec(name: &'static str, arity: i32, kind: Kind, keys: (i32, i32, i32),
         last_key: keys.1,
         step: keys.2,
         data,
+        walks: walks(name),
     }
 }
 
@@ -374,12 +410,7 @@ pub fn groupable(c: &Conn, r: &Req) -> bool {
 /// Whether a request may walk the whole key space (or close the pool), so
 /// the server runs it on the blocking pool rather than a reactor thread.
 pub fn walks_keyspace(r: &Req) -> bool {
-    r.spec.is_some_and(|s| {
-        matches!(
-            s.name,
-            "keys" | "scan" | "dbsize" | "info" | "flushdb" | "flushall" | "shutdown" | "exec" | "debug"
-        )
-    })
+    r.spec.is_some_and(|s| s.walks)
 }
 
 /// Group commit: consecutive pipelined write commands of one connection run
@@ -591,6 +622,19 @@ mod tests {
         assert!(lookup(b"nosuch").is_none());
         assert!(lookup(b"").is_none());
         assert!(lookup(&[b'x'; 100]).is_none());
+    }
+
+    #[test]
+    fn key_space_walkers_are_flagged_in_the_table() {
+        for name in WALKERS {
+            assert!(
+                lookup(name.as_bytes()).is_some_and(|s| s.walks),
+                "{name} is not flagged"
+            );
+        }
+        let flagged = COMMANDS.iter().filter(|s| s.walks).count();
+        assert_eq!(flagged, WALKERS.len());
+        assert!(!lookup(b"get").unwrap().walks);
     }
 
     #[test]

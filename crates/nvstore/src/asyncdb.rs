@@ -18,6 +18,13 @@
 //!   window of requests is in flight is woken about once per batch, not
 //!   once per completion. A result is visible to a poll at once; only the
 //!   wake-up is deferred.
+//! - A worker makes the puts of its batch durable as one group
+//!   ([`Db::put_many`]): on a hash pool, one fence for all their slots
+//!   and one for all their bucket headers, instead of two per put, under
+//!   one hold of the writer lock. Each put is still atomic on its own and
+//!   durable before its future is ready; requests keep the queue's order
+//!   within a batch (the puts before a get or any other request complete
+//!   before it runs).
 //! - A worker that finds the queue empty keeps looking for a short while
 //!   ([`SPIN`], yielding its core meanwhile) before it sleeps, so a caller
 //!   that issues requests at a steady pace rarely has to wake a worker.
@@ -65,6 +72,50 @@ type Job<S> = Arc<dyn Runnable<S>>;
 /// What a worker does with a queued request.
 trait Runnable<S: Space>: Send + Sync {
     fn run(&self, db: Option<&Db<S>>) -> Option<Waker>;
+
+    /// The key and value of a put, which a worker may make durable in one
+    /// group with the other puts it took off the queue ([`Db::put_many`]);
+    /// `None` for every other request.
+    fn pair(&self) -> Option<(&[u8], &[u8])> {
+        None
+    }
+
+    /// Completes a put made durable in a group with `r`, its result.
+    fn done(&self, _r: Result<()>) -> Option<Waker> {
+        None
+    }
+}
+
+/// A put: its key and value, which the worker may group with others.
+struct PutRequest {
+    key: Vec<u8>,
+    value: Vec<u8>,
+    slot: Slot<()>,
+}
+
+impl<S: Space> Runnable<S> for PutRequest {
+    fn run(&self, db: Option<&Db<S>>) -> Option<Waker> {
+        let r = match db {
+            Some(db) => std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| db.put(&self.key, &self.value)))
+                .unwrap_or_else(|p| Err(Error::WorkerPanic(panic_message(&*p)))),
+            None => Err(Error::Closed),
+        };
+        self.slot.complete(r)
+    }
+
+    fn pair(&self) -> Option<(&[u8], &[u8])> {
+        Some((&self.key, &self.value))
+    }
+
+    fn done(&self, r: Result<()>) -> Option<Waker> {
+        self.slot.complete(r)
+    }
+}
+
+impl HasSlot<()> for PutRequest {
+    fn slot(&self) -> &Slot<()> {
+        &self.slot
+    }
 }
 
 /// One request: its closure, taken by the worker that runs it, and the
@@ -188,7 +239,13 @@ impl<S: Space + Send + Sync + 'static> AsyncDb<S> {
             f: Mutex::new(Some(f)),
             slot: Slot::default(),
         });
-        let job: Job<S> = req.clone();
+        self.send(req.clone());
+        DbFuture { req }
+    }
+
+    /// Queues `job`; if no worker will ever take it, completes it with
+    /// [`Error::Closed`] at once.
+    fn send(&self, job: Job<S>) {
         // Sending fails only once every worker is gone (or after close);
         // then the request is told it will never run, and its future
         // resolves to `Closed`.
@@ -201,7 +258,6 @@ impl<S: Space + Send + Sync + 'static> AsyncDb<S> {
                 w.wake();
             }
         }
-        DbFuture { req }
     }
 
     /// The value stored for `key`.
@@ -211,9 +267,26 @@ impl<S: Space + Send + Sync + 'static> AsyncDb<S> {
     }
 
     /// Stores `value` under `key`; the future is ready once it is durable.
+    /// Copies both into the request ([`AsyncDb::put_owned`] takes them
+    /// as they are).
     pub fn put(&self, key: &[u8], value: &[u8]) -> DbFuture<()> {
-        let (key, value) = (key.to_vec(), value.to_vec());
-        self.run(move |db| db.put(&key, &value))
+        self.put_owned(key.to_vec(), value.to_vec())
+    }
+
+    /// [`AsyncDb::put`] of a key and value the caller gives away (no copy).
+    /// The worker that takes this put off the queue together with other
+    /// puts makes them durable as one group ([`Db::put_many`]): on a hash
+    /// pool one fence for all their slots and one for all their bucket
+    /// headers, instead of two per put. Each put is still durable before
+    /// its own future is ready, and atomic on its own.
+    pub fn put_owned(&self, key: Vec<u8>, value: Vec<u8>) -> DbFuture<()> {
+        let req = Arc::new(PutRequest {
+            key,
+            value,
+            slot: Slot::default(),
+        });
+        self.send(req.clone());
+        DbFuture { req }
     }
 
     /// Removes `key`; resolves to whether it was there, once durable.
@@ -317,6 +390,7 @@ pub const SPIN: Duration = Duration::from_micros(50);
 fn worker<S: Space>(db: &Db<S>, rx: &Receiver<Job<S>>, abort: &AtomicBool, workers: usize) {
     let mut batch: Vec<Job<S>> = Vec::with_capacity(BATCH);
     let mut wake: Vec<Waker> = Vec::with_capacity(BATCH);
+    let mut puts: Vec<Job<S>> = Vec::with_capacity(BATCH);
     // `recv` fails once the queue is closed and empty: every request sent
     // before the close has been handed to some worker.
     while let Some(job) = next_job(rx) {
@@ -324,13 +398,50 @@ fn worker<S: Space>(db: &Db<S>, rx: &Receiver<Job<S>>, abort: &AtomicBool, worke
         let share = (rx.len() / workers.max(1)).min(BATCH - 1);
         batch.extend(rx.try_iter().take(share));
         for job in batch.drain(..) {
-            let db = (!abort.load(Ordering::SeqCst)).then_some(db);
-            wake.extend(job.run(db));
+            let live = (!abort.load(Ordering::SeqCst)).then_some(db);
+            if live.is_some() && job.pair().is_some() {
+                puts.push(job);
+                continue;
+            }
+            // The puts before this request complete before it runs: a
+            // worker keeps the queue's order.
+            put_group(db, &mut puts, &mut wake);
+            wake.extend(job.run(live));
         }
+        put_group(db, &mut puts, &mut wake);
         for w in wake.drain(..) {
             w.wake();
         }
     }
+}
+
+/// Makes the puts of `puts` durable, as one group when there are several
+/// ([`Db::put_many`]), completes each with its own result and empties
+/// `puts`. A panic fails every put of the group with
+/// [`Error::WorkerPanic`] (a put the group made durable before the panic
+/// stays; a failed put may or may not have been written).
+fn put_group<S: Space>(db: &Db<S>, puts: &mut Vec<Job<S>>, wake: &mut Vec<Waker>) {
+    match puts.len() {
+        0 => return,
+        1 => wake.extend(puts[0].run(Some(db))),
+        _ => {
+            let pairs: Vec<(&[u8], &[u8])> = puts.iter().filter_map(|j| j.pair()).collect();
+            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| db.put_many(&pairs))) {
+                Ok(results) => {
+                    for (job, r) in puts.iter().zip(results) {
+                        wake.extend(job.done(r));
+                    }
+                }
+                Err(p) => {
+                    let msg = panic_message(&*p);
+                    for job in puts.iter() {
+                        wake.extend(job.done(Err(Error::WorkerPanic(msg.clone()))));
+                    }
+                }
+            }
+        }
+    }
+    puts.clear();
 }
 
 /// The next request: at once if one is queued, else after looking again

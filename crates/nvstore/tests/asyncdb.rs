@@ -301,3 +301,59 @@ fn errors_reach_the_caller() {
     assert!(matches!(ro.delete(b"after").wait(), Err(Error::ReadOnly)));
     assert_eq!(ro.get(b"after").wait().unwrap(), Some(b"panic".to_vec()));
 }
+
+/// Puts a worker takes off the queue together are made durable as one
+/// group on a hash pool (`Db::put_many`): each future still gets its own
+/// answer (a bad key fails alone), a key written twice keeps the later
+/// value, a get queued after a put sees it, and everything is in the pool
+/// after a crash-free reopen and a rebuild of the index.
+#[test]
+fn queued_puts_on_a_hash_pool_complete_as_one_group() {
+    let dir = pool_dir();
+    let path = dir.path().join("h.nvs");
+    let opts = Options {
+        engine: nvstore::EngineKind::Hash,
+        size: 8 << 20,
+        ..Options::default()
+    };
+    let adb = AsyncDb::with_workers(Db::create(&path, opts.clone()).unwrap(), 1);
+    let (release, wait) = mpsc::channel::<()>();
+    let (started_tx, started) = mpsc::channel::<()>();
+    let blocker = adb.run(move |_| {
+        started_tx.send(()).unwrap();
+        wait.recv().unwrap();
+        Ok(())
+    });
+    started.recv().unwrap();
+    let big = vec![b'k'; 100_000];
+    let mut futs = Vec::new();
+    for i in 0..300u32 {
+        let v = if i % 7 == 0 {
+            vec![i as u8; 700]
+        } else {
+            i.to_be_bytes().to_vec()
+        };
+        futs.push((i, adb.put_owned(key(i), v)));
+    }
+    let bad = adb.put(&big, b"v");
+    let again = adb.put(&key(5), b"again");
+    let seen = adb.get(&key(5));
+    assert_eq!(adb.queued(), 303);
+    release.send(()).unwrap();
+    blocker.wait().unwrap();
+    for (i, f) in futs {
+        f.wait().unwrap_or_else(|e| panic!("put {i}: {e}"));
+    }
+    assert!(matches!(bad.wait(), Err(Error::KeyTooLarge { .. })));
+    again.wait().unwrap();
+    assert_eq!(seen.wait().unwrap(), Some(b"again".to_vec()));
+    let pairs = adb.prefix(b"k").wait().unwrap();
+    assert_eq!(pairs.len(), 300);
+    adb.close().unwrap();
+    let db = Db::open(&path, opts).unwrap();
+    assert!(db.check().ok, "{:?}", db.check().problems);
+    assert_eq!(db.len(), 300);
+    assert_eq!(db.get(&key(5)).unwrap(), Some(b"again".to_vec()));
+    assert_eq!(db.get(&key(14)).unwrap(), Some(vec![14u8; 700]));
+    assert_eq!(db.get(&key(299)).unwrap(), Some(299u32.to_be_bytes().to_vec()));
+}

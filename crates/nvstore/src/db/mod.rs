@@ -431,6 +431,27 @@ impl<S: Space> Db<S> {
         }))
     }
 
+    /// Stores every pair of `pairs`, each as [`Db::put`] would, and
+    /// returns one result per pair, in order; every put that succeeded is
+    /// durable when this returns. It is not a transaction: each put is
+    /// atomic on its own, and a crash before this returns may keep any of
+    /// them. On a hash pool the puts are made durable as one group (one
+    /// fence for all their slots, one for all their bucket headers), which
+    /// is what `AsyncDb`'s workers use for the puts they take off the
+    /// queue together; elsewhere (tree pools, a remote space that logs
+    /// each operation) they run one by one.
+    pub fn put_many(&self, pairs: &[(&[u8], &[u8])]) -> Vec<Result<()>> {
+        match &self.engine {
+            Engine::Hash(h) if pairs.len() > 1 && self.space().mapping() != crate::pmem::MappingKind::Remote => {
+                if self.writable().is_err() {
+                    return pairs.iter().map(|_| self.named(self.writable())).collect();
+                }
+                h.put_group(pairs).into_iter().map(|r| self.named(r)).collect()
+            }
+            _ => pairs.iter().map(|(k, v)| self.put(k, v)).collect(),
+        }
+    }
+
     /// Replaces the value of `key` only if it exists (`SET key value XX`):
     /// returns whether it did; writes nothing when the key is absent.
     /// Durable when it returns. On a tree pool the check and the write

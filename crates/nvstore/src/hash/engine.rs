@@ -183,6 +183,34 @@ impl<S: Space> HashEngine<S> {
         Ok(())
     }
 
+    /// Stores every pair of `pairs` as one durable group (see
+    /// [`HashTable::put_group`]): one result per pair, in order; every put
+    /// that succeeded is durable when this returns, and the index names
+    /// its key.
+    pub fn put_group(&self, pairs: &[(&[u8], &[u8])]) -> Vec<Result<()>> {
+        let mut out: Vec<Result<()>> = pairs.iter().map(|(k, v)| crate::tree::check_sizes(k, v)).collect();
+        let valid: Vec<(&[u8], &[u8])> = pairs
+            .iter()
+            .zip(&out)
+            .filter(|(_, r)| r.is_ok())
+            .map(|(p, _)| *p)
+            .collect();
+        if valid.is_empty() {
+            return out;
+        }
+        let _w = self.writer.lock();
+        let mut done = self.table.put_group(&valid).into_iter().zip(&valid);
+        for r in out.iter_mut().filter(|r| r.is_ok()) {
+            let (res, (key, _)) = done.next().expect("one result per valid pair");
+            *r = res.map(|new| {
+                if new && self.indexed {
+                    self.index.insert_new(key, ());
+                }
+            });
+        }
+        out
+    }
+
     /// Writes only over a key that exists (the ordered index already holds it).
     pub fn update(&self, key: &[u8], value: &[u8]) -> Result<bool> {
         crate::tree::check_sizes(key, value)?;

@@ -1,7 +1,7 @@
 //! The persistent hash table: extendible hashing over segments of buckets
 //! (CCEH, Dash), one 8-byte publish per write, splits by copy-on-write.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -243,22 +243,18 @@ impl<S: Space> HashTable<S> {
     /// readers and recovery take the newer version. Returns whether the key
     /// is new (it had no entry).
     pub fn put(&self, key: &[u8], value: &[u8]) -> Result<bool> {
-        if key.len() > MAX_LEN {
-            return Err(Error::KeyTooLarge {
-                len: key.len(),
-                limit: MAX_LEN,
-            });
-        }
-        if value.len() > MAX_LEN {
-            return Err(Error::ValueTooLarge {
-                len: value.len(),
-                limit: MAX_LEN,
-            });
-        }
+        check_lens(key, value)?;
         let mut st = self.state.write();
+        self.put_locked(&mut st, key, value, true)
+    }
+
+    /// [`HashTable::put`] with the writer lock held; marks the operation's
+    /// end for the crash simulator when `boundary` (a put inside a group
+    /// leaves that to the group).
+    fn put_locked(&self, st: &mut State, key: &[u8], value: &[u8], boundary: bool) -> Result<bool> {
         let h = l::hash(key);
         loop {
-            let found = self.find_all(&st, h, key);
+            let found = self.find_all(st, h, key);
             let seg = l::entry_seg(st.entries[l::dir_index(h, st.depth) as usize]);
             let newest = found.iter().max_by_key(|f| f.meta.version);
             let window = (0..l::PROBE).map(|d| l::bucket_off(seg, l::home_bucket(h) + d));
@@ -267,7 +263,7 @@ impl<S: Space> HashTable<S> {
                 hdr.free_slot().map(|i| (b, hdr, i))
             });
             let Some((b, hdr, i)) = target else {
-                self.split(&mut st, h)?;
+                self.split(st, h)?;
                 continue;
             };
             let version = st.next_version;
@@ -299,9 +295,143 @@ impl<S: Space> HashTable<S> {
             if found.is_empty() {
                 st.len += 1;
             }
-            self.space.op_boundary();
+            if boundary {
+                self.space.op_boundary();
+            }
             return Ok(found.is_empty());
         }
+    }
+
+    /// Inserts or replaces every pair of `items` as [`HashTable::put`]
+    /// does, but as one durable group: each put's blob and slot are
+    /// written and flushed, then one fence (`hash.group.slot.fence`) orders
+    /// them all, then every bucket header the group changes is stored and
+    /// flushed, then one fence (`hash.group.bucket.fence`), after which
+    /// every put of the group is durable. Each put is still published by
+    /// one 8-byte header store, so a crash leaves each put of the group
+    /// whole or absent, independently of the others (none is acknowledged
+    /// before the last fence).
+    ///
+    /// Within a group:
+    /// - a free slot is one whose bit is clear both in the pool and in the
+    ///   group's pending header, so a slot the group clears (an older copy
+    ///   of a key it updates) is not reused before that clear is durable;
+    /// - blobs of replaced entries are freed only after the last fence, so
+    ///   no put of the group can write over a blob a published slot still
+    ///   names;
+    /// - a put that needs more than one header store (a segment split, or
+    ///   an update whose old copy is in the other bucket of the window), or
+    ///   a key the group already holds, first completes the pending group,
+    ///   then runs alone as [`HashTable::put`].
+    ///
+    /// Returns one result per pair, in order: whether the key was new, or
+    /// why that put failed (it then wrote nothing; the others are not
+    /// affected). The crash simulator sees one operation boundary, after
+    /// the whole group.
+    pub fn put_group(&self, items: &[(&[u8], &[u8])]) -> Vec<Result<bool>> {
+        let mut out = Vec::with_capacity(items.len());
+        let mut st = self.state.write();
+        let mut g = Group::default();
+        for &(key, value) in items {
+            if let Err(e) = check_lens(key, value) {
+                out.push(Err(e));
+                continue;
+            }
+            match self.stage(&mut st, &mut g, key, value) {
+                Ok(Some(new)) => out.push(Ok(new)),
+                Ok(None) => {
+                    self.commit(&mut st, &mut g);
+                    out.push(self.put_locked(&mut st, key, value, false));
+                }
+                Err(e) => out.push(Err(e)),
+            }
+        }
+        self.commit(&mut st, &mut g);
+        self.space.op_boundary();
+        out
+    }
+
+    /// Writes one put of a group into a free slot without publishing it
+    /// (see [`HashTable::put_group`]). `None`: it cannot join the group
+    /// (nothing was written).
+    fn stage<'k>(&self, st: &mut State, g: &mut Group<'k>, key: &'k [u8], value: &[u8]) -> Result<Option<bool>> {
+        if g.keys.contains(key) {
+            return Ok(None);
+        }
+        let h = l::hash(key);
+        let found = self.find_all(st, h, key);
+        let seg = l::entry_seg(st.entries[l::dir_index(h, st.depth) as usize]);
+        let newest = found.iter().max_by_key(|f| f.meta.version);
+        let window = (0..l::PROBE).map(|d| l::bucket_off(seg, l::home_bucket(h) + d));
+        let target = newest.map(|f| f.bucket).into_iter().chain(window).find_map(|b| {
+            let (hdr, busy) = match g.headers.iter().find(|p| p.0 == b) {
+                Some(&(_, hdr, busy)) => (hdr, busy),
+                None => {
+                    let hdr = BucketHeader(self.space.load(b));
+                    (hdr, hdr)
+                }
+            };
+            BucketHeader(busy.0 | hdr.0).free_slot().map(|i| (b, hdr, busy, i))
+        });
+        let Some((b, hdr, busy, i)) = target else {
+            return Ok(None);
+        };
+        if found.iter().any(|f| f.bucket != b) {
+            return Ok(None);
+        }
+        let version = st.next_version;
+        if version > l::VERSION_MAX {
+            return Err(Error::Unsupported("hash table: entry versions exhausted".into()));
+        }
+        let blob_off = match l::blob_bytes(key, value) {
+            Some(bytes) => {
+                let off = self.alloc.alloc(&*self.space, bytes.len() as u64)?;
+                self.space.write(off, &bytes);
+                self.space.flush(off, bytes.len() as u64, p::GROUP_BLOB_FLUSH);
+                off
+            }
+            None => 0,
+        };
+        let words = l::encode_slot(key, value, blob_off, version);
+        let so = b + l::slot_rel(i);
+        self.space.write(so, &l::slot_to_bytes(&words));
+        self.space.flush(so, l::SLOT_BYTES, p::GROUP_SLOT_FLUSH);
+        let mut new_hdr = hdr.with(i, l::fingerprint(h));
+        for f in &found {
+            new_hdr = new_hdr.without(f.slot);
+        }
+        let busy = BucketHeader(busy.0 | new_hdr.0);
+        match g.headers.iter_mut().find(|p| p.0 == b) {
+            Some(p) => *p = (b, new_hdr, busy),
+            None => g.headers.push((b, new_hdr, busy)),
+        }
+        g.replaced.extend(found.iter().copied());
+        g.keys.insert(key);
+        st.next_version += 1;
+        if found.is_empty() {
+            g.new += 1;
+        }
+        Ok(Some(found.is_empty()))
+    }
+
+    /// Publishes the staged puts of `g` (see [`HashTable::put_group`]) and
+    /// empties it.
+    fn commit(&self, st: &mut State, g: &mut Group<'_>) {
+        if g.headers.is_empty() {
+            return;
+        }
+        self.space.fence(p::GROUP_SLOT_FENCE);
+        for &(b, hdr, _) in &g.headers {
+            self.space.store(b, hdr.0);
+            self.space.flush(b, 8, p::GROUP_BUCKET_FLUSH);
+        }
+        self.space.fence(p::GROUP_BUCKET_FENCE);
+        self.free_blobs(&g.replaced);
+        st.len += g.new;
+        g.headers.clear();
+        g.replaced.clear();
+        g.keys.clear();
+        g.new = 0;
     }
 
     /// Removes `key`; returns whether it was present. Each bucket holding a
@@ -538,6 +668,37 @@ impl<S: Space> HashTable<S> {
         self.splits.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
+}
+
+/// A group of puts staged but not yet published ([`HashTable::put_group`]).
+#[derive(Default)]
+struct Group<'k> {
+    /// Each bucket the group changes: the header to publish, and every
+    /// slot in use or cleared by the group (not to be reused before the
+    /// publish).
+    headers: Vec<(u64, BucketHeader, BucketHeader)>,
+    /// Entries the group replaces; their blobs are freed after the publish.
+    replaced: Vec<Found>,
+    /// Keys the group writes.
+    keys: HashSet<&'k [u8]>,
+    /// Puts of new keys.
+    new: u64,
+}
+
+fn check_lens(key: &[u8], value: &[u8]) -> Result<()> {
+    if key.len() > MAX_LEN {
+        return Err(Error::KeyTooLarge {
+            len: key.len(),
+            limit: MAX_LEN,
+        });
+    }
+    if value.len() > MAX_LEN {
+        return Err(Error::ValueTooLarge {
+            len: value.len(),
+            limit: MAX_LEN,
+        });
+    }
+    Ok(())
 }
 
 fn read_slot<S: Space>(s: &S, off: u64) -> Slot {

@@ -144,6 +144,33 @@ fn recovery_rejects_a_slot_in_the_wrong_bucket() {
 enum Op {
     Put(Vec<u8>, Vec<u8>),
     Delete(Vec<u8>),
+    /// Puts made durable together (`HashTable::put_group`).
+    Group(Vec<(Vec<u8>, Vec<u8>)>),
+}
+
+/// A workload of puts, deletes and groups of 2 to 9 puts (a group now and
+/// then writes one key twice).
+fn group_workload(seed: u64, ops: usize, keys: u32) -> Vec<Op> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    (0..ops)
+        .map(|_| {
+            let k = key(rng.gen_range(0..keys));
+            match rng.gen_range(0..10) {
+                0 | 1 => Op::Delete(k),
+                2 => Op::Put(k, value(&mut rng)),
+                _ => {
+                    let n = rng.gen_range(2..10);
+                    let mut g: Vec<(Vec<u8>, Vec<u8>)> =
+                        (0..n).map(|_| (key(rng.gen_range(0..keys)), value(&mut rng))).collect();
+                    if rng.gen_bool(0.2) {
+                        let again = g[0].0.clone();
+                        g.push((again, value(&mut rng)));
+                    }
+                    Op::Group(g)
+                }
+            }
+        })
+        .collect()
 }
 
 fn workload(seed: u64, ops: usize, keys: u32) -> Vec<Op> {
@@ -162,11 +189,14 @@ fn workload(seed: u64, ops: usize, keys: u32) -> Vec<Op> {
 
 /// Recovers one crash image and returns what is wrong with it, given the
 /// state before the operation in flight and after it.
+/// `written`: the values a group wrote to each key besides its last one
+/// (a key a group writes twice may show the first value between the two).
 fn check_image(
     data: Vec<u8>,
     at_boundary: bool,
     before: &BTreeMap<Vec<u8>, Vec<u8>>,
     after: &BTreeMap<Vec<u8>, Vec<u8>>,
+    written: &BTreeMap<Vec<u8>, Vec<Vec<u8>>>,
 ) -> Vec<String> {
     let space = Arc::new(SimSpace::from_image(data));
     let scan = match HashTable::recover(&*space, ROOT) {
@@ -184,7 +214,8 @@ fn check_image(
     let keys: BTreeSet<&Vec<u8>> = got.keys().chain(before.keys()).chain(after.keys()).collect();
     for k in keys {
         let (g, b, a) = (got.get(k), before.get(k), after.get(k));
-        let ok = if at_boundary { g == a } else { g == a || g == b };
+        let mid = || g.is_some_and(|g| written.get(k).is_some_and(|w| w.contains(g)));
+        let ok = if at_boundary { g == a } else { g == a || g == b || mid() };
         if !ok {
             problems.push(format!("key {k:?}: recovered {g:?}, before {b:?}, after {a:?}"));
         }
@@ -236,7 +267,20 @@ fn campaign(ops: &[Op], seed: u64, drop: Option<&str>, stop_early: bool) -> Camp
     };
     for (n, op) in ops.iter().enumerate() {
         let before = model.clone();
+        let mut written: BTreeMap<Vec<u8>, Vec<Vec<u8>>> = BTreeMap::new();
         match op {
+            Op::Group(g) => {
+                let pairs: Vec<(&[u8], &[u8])> = g.iter().map(|(k, v)| (&k[..], &v[..])).collect();
+                for (r, (k, v)) in t.put_group(&pairs).into_iter().zip(g) {
+                    let new = r.unwrap();
+                    assert_eq!(new, !model.contains_key(k), "put_group's answer for {k:?}");
+                    if let Some(old) = model.insert(k.clone(), v.clone()) {
+                        if before.get(k) != Some(&old) {
+                            written.entry(k.clone()).or_default().push(old);
+                        }
+                    }
+                }
+            }
             Op::Put(k, v) => {
                 t.put(k, v).unwrap();
                 model.insert(k.clone(), v.clone());
@@ -249,7 +293,7 @@ fn campaign(ops: &[Op], seed: u64, drop: Option<&str>, stop_early: bool) -> Camp
         for img in space.take_images() {
             c.images += 1;
             let at_boundary = img.point == OP_BOUNDARY;
-            for v in check_image(img.data, at_boundary, &before, &model) {
+            for v in check_image(img.data, at_boundary, &before, &model, &written) {
                 c.violations
                     .push(format!("op {n} {op:?}, {} image at {}: {v}", img.kind, img.point));
             }
@@ -295,6 +339,119 @@ fn every_dropped_point_is_caught() {
         }
     }
     assert!(missed.is_empty(), "dropping these points went unnoticed: {missed:?}");
+}
+
+#[test]
+fn groups_match_a_map_and_reach_every_point() {
+    let ops = group_workload(21, 260, 120);
+    let c = campaign(&ops, 21, None, false);
+    assert!(
+        c.violations.is_empty(),
+        "{} violations, first: {:#?}",
+        c.violations.len(),
+        &c.violations[..c.violations.len().min(5)]
+    );
+    // A group splits segments too (its put that needs a split runs alone).
+    for p in points::ALL.iter().chain(points::GROUP) {
+        assert!(c.points_seen.contains(p.name), "workload never reaches {}", p.name);
+    }
+    assert!(c.images > 1000, "only {} images", c.images);
+}
+
+#[test]
+fn every_dropped_group_point_is_caught() {
+    let ops = group_workload(22, 260, 120);
+    let mut missed = Vec::new();
+    for p in points::GROUP {
+        let c = campaign(&ops, 22, Some(p.name), true);
+        assert!(
+            c.drop_hits > 0 || !c.violations.is_empty(),
+            "{} was never reached",
+            p.name
+        );
+        if c.violations.is_empty() {
+            missed.push(p.name);
+        }
+    }
+    assert!(missed.is_empty(), "dropping these points went unnoticed: {missed:?}");
+}
+
+/// Fences this thread has issued.
+fn fences() -> u64 {
+    crate::pmem::counters::ThreadCounters::get().fences
+}
+
+/// What a group costs: two fences for the whole group, against two per
+/// put alone; a key written twice keeps the last value. (A put with bad
+/// input fails alone: `tests/asyncdb.rs`.)
+#[test]
+fn a_group_is_two_fences_and_keeps_its_promises() {
+    let (space, alloc) = pool();
+    let t = HashTable::create(space.clone(), alloc.clone(), ROOT).unwrap();
+    let keys: Vec<Vec<u8>> = (0..6).map(|i| format!("fresh-key-{i}").into_bytes()).collect();
+    let mut pairs: Vec<(&[u8], &[u8])> = keys.iter().map(|k| (&k[..], &b"v"[..])).collect();
+    pairs.push((&keys[0], b"last"));
+    let f0 = fences();
+    let r = t.put_group(&pairs);
+    assert_eq!(r.iter().filter(|r| matches!(r, Ok(true))).count(), 6, "{r:?}");
+    assert!(matches!(r[6], Ok(false)), "{:?}", r[6]);
+    // One group for the six, then the repeated key alone.
+    assert_eq!(fences() - f0, 2 + 2, "two fences per group and per lone put");
+    assert_eq!(t.get(&keys[0]), Some(b"last".to_vec()));
+    assert_eq!(t.len(), 6);
+    // Updates in place, values out of line: one group, old blobs freed.
+    let long: Vec<Vec<u8>> = (0..6)
+        .map(|i| format!("a value out of line, number {i}").into_bytes())
+        .collect();
+    for round in 0..2 {
+        let pairs: Vec<(&[u8], &[u8])> = keys.iter().zip(&long).map(|(k, v)| (&k[..], &v[..])).collect();
+        let f0 = fences();
+        assert!(t.put_group(&pairs).iter().all(|r| matches!(r, Ok(false))));
+        assert_eq!(fences() - f0, 2, "round {round}");
+    }
+    for (k, v) in keys.iter().zip(&long) {
+        assert_eq!(t.get(k).as_ref(), Some(v));
+    }
+    assert!(leaks(&*space, &alloc, &t).is_empty());
+}
+
+/// A slot a group clears (the old copy of a key it updates) is not reused
+/// by the same group: the put that would need it waits for the group's
+/// publish and runs alone. Crashing anywhere in between loses nothing.
+#[test]
+fn a_group_does_not_reuse_a_slot_it_clears() {
+    // Six keys in bucket 0 (slots 0..=5): updating the first takes slot 6
+    // and clears slot 0; the second then finds bucket 0 full for the
+    // group and would go to bucket 1 (a cross-bucket update): it runs
+    // alone after the group, into slot 0.
+    let keys = keys_homed_at_zero(6);
+    let (space, alloc) = pool();
+    let t = HashTable::create(space.clone(), alloc.clone(), ROOT).unwrap();
+    for k in &keys {
+        t.put(k, b"old").unwrap();
+    }
+    let f0 = fences();
+    let r = t.put_group(&[(&keys[0][..], &b"new0"[..]), (&keys[1][..], &b"new1"[..])]);
+    assert!(r.iter().all(|r| matches!(r, Ok(false))), "{r:?}");
+    assert_eq!(fences() - f0, 2 + 2);
+    assert_eq!(t.get(&keys[0]), Some(b"new0".to_vec()));
+    assert_eq!(t.get(&keys[1]), Some(b"new1".to_vec()));
+    let seg = l::entry_seg(space.load(space.load(ROOT) + 8));
+    let b0 = l::BucketHeader(space.load(l::bucket_off(seg, 0)));
+    assert!((0..7).all(|i| b0.valid(i) != (i == 1)), "bucket 0: {:#x}", b0.0);
+    assert!(leaks(&*space, &alloc, &t).is_empty());
+    let mut ops: Vec<Op> = keys.iter().map(|k| Op::Put(k.clone(), b"old".to_vec())).collect();
+    ops.push(Op::Group(vec![
+        (keys[0].clone(), b"new0".to_vec()),
+        (keys[1].clone(), b"new1".to_vec()),
+        (keys[2].clone(), b"new2-out-of-line".to_vec()),
+    ]));
+    let c = campaign(&ops, 6, None, false);
+    assert!(
+        c.violations.is_empty(),
+        "{:#?}",
+        &c.violations[..c.violations.len().min(5)]
+    );
 }
 
 /// Keys whose home is bucket 0 of the first segment.

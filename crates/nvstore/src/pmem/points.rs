@@ -110,6 +110,19 @@ points! {
 pub const NV_COUNT_FLUSH: Point = Point::new("nv.count.flush");
 pub const NV_COUNT_FENCE: Point = Point::new("nv.count.fence");
 
+/// Hash pools, a group of puts (`HashTable::put_group`, which `AsyncDb`'s
+/// workers use for the puts they drain together): every blob and slot of
+/// the group flushed, one fence, then every bucket header the group
+/// changes stored and flushed, one fence; the group is acknowledged after
+/// it. Not in [`ALL`]: the `Db` campaigns of `crashtest` run one operation
+/// at a time and never form a group; the hash table's own campaign
+/// (`hash/tests.rs`) crashes at each of them and drops each in turn.
+pub const HASH_GROUP_BLOB_FLUSH: Point = Point::new("hash.group.blob.flush");
+pub const HASH_GROUP_SLOT_FLUSH: Point = Point::new("hash.group.slot.flush");
+pub const HASH_GROUP_SLOT_FENCE: Point = Point::new("hash.group.slot.fence");
+pub const HASH_GROUP_BUCKET_FLUSH: Point = Point::new("hash.group.bucket.flush");
+pub const HASH_GROUP_BUCKET_FENCE: Point = Point::new("hash.group.bucket.fence");
+
 /// Calibration of the adaptive model (`tree::adaptive::calibrate`): writes
 /// to an unlinked scratch block, timed, not persisted state; so not in
 /// [`ALL`] (no crash can depend on them).

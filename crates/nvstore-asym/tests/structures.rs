@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 use rand::{Rng, SeedableRng};
 
 use nvstore_asym::structures::hash::{bucket_of, fingerprint, may_hold, summary_of, FPS};
-use nvstore_asym::structures::skiplist::height_of;
+use nvstore_asym::structures::skiplist::{height_of, TALL};
 use nvstore_asym::structures::{recover, BpTree, Bst, HashTable, SkipList};
 use nvstore_asym::{LocalTransport, Mode, Remote, RemoteOptions};
 
@@ -261,13 +261,14 @@ fn hash_table_round_trips_per_insert_are_exact_in_each_mode() {
     assert_eq!(insert_round_trips(Mode::Rcb, 10, open_hash, &keys), (n, n / 10));
 }
 
-/// Nodes a skiplist search for `key` reads, given the present `(key, height)`
-/// pairs in key order: at each level from the top, the nodes of that level
-/// after the predecessor, up to the first not below `key`.
+/// Tall nodes a skiplist search for `key` reads, given the present
+/// `(key, height)` pairs in key order: at each level from the top down to
+/// the run level, the nodes of that level after the predecessor, up to the
+/// first not below `key` (the levels below are in the run's directory).
 fn search_reads(present: &[(u64, usize)], key: u64) -> u64 {
     let mut visited = std::collections::BTreeSet::new();
     let mut pred: Option<usize> = None;
-    for l in (0..12).rev() {
+    for l in (TALL - 1..12).rev() {
         let mut from = pred.map_or(0, |p| p + 1);
         while let Some(j) = (from..present.len()).find(|&j| present[j].1 > l) {
             visited.insert(j);
@@ -282,6 +283,15 @@ fn search_reads(present: &[(u64, usize)], key: u64) -> u64 {
     visited.len() as u64
 }
 
+/// The room of a run directory that must hold `n` entries and one more.
+fn dir_room(n: usize) -> usize {
+    let mut cap = 8;
+    while cap <= n {
+        cap *= 2;
+    }
+    cap
+}
+
 #[test]
 fn skiplist_round_trips_per_insert_are_exact_in_each_mode() {
     let mut rng = rand::rngs::StdRng::seed_from_u64(5);
@@ -290,24 +300,142 @@ fn skiplist_round_trips_per_insert_are_exact_in_each_mode() {
         keys.swap(i, rng.gen_range(0..=i));
     }
     let n = keys.len() as u64;
-    // rc, rcb: the head and metadata are cached at creation, new nodes when written.
+    // rc, rcb: the head, its directory and the metadata are cached at
+    // creation, new nodes and directories when written.
     assert_eq!(insert_round_trips(Mode::Rc, 1, open_skip, &keys), (n, n));
     assert_eq!(insert_round_trips(Mode::Rcb, 10, open_skip, &keys), (n, n / 10));
     let mut present: Vec<(u64, usize)> = Vec::new();
-    let (mut expect_r, mut expect_naive) = (0, 0);
+    // Room of each run directory, by its owner's key (None: the head's).
+    let mut room: HashMap<Option<u64>, usize> = HashMap::from([(None, 8)]);
+    let (mut expect_r, mut expect_naive, mut grown, mut split) = (0, 0, 0, 0);
     for &k in &keys {
-        let reads = 2 + search_reads(&present, k);
+        let reads = 2 + search_reads(&present, k) + 1;
         let h = height_of(k);
-        // r: metadata, head and the search path, then one tx_write.
-        expect_r += reads + 1;
-        // naive: the same reads, then the node, one link per level and the count.
-        expect_naive += reads + 1 + h as u64 + 1;
+        // The run `k` falls in: its owner (the last tall node before `k`)
+        // and its entries; `i` of them are below `k`.
         let at = present.partition_point(|p| p.0 < k);
+        let owner = present[..at].iter().rposition(|p| p.1 >= TALL);
+        let from = owner.map_or(0, |o| o + 1);
+        let to = (at..present.len())
+            .find(|&j| present[j].1 >= TALL)
+            .unwrap_or(present.len());
+        let (len, i) = (to - from, at - from);
+        let owner_key = owner.map(|o| present[o].0);
+        let dir_writes = if h < TALL {
+            if len + 1 > room[&owner_key] {
+                // A larger directory, and the owner's word pointing to it.
+                room.insert(owner_key, dir_room(len + 1));
+                grown += 1;
+                2
+            } else {
+                1
+            }
+        } else {
+            // The new node's directory takes the entries past it; the
+            // owner's count changes if any moved.
+            room.insert(Some(k), dir_room(len - i));
+            split += 1;
+            1 + u64::from(len > i)
+        };
+        // r: metadata, head, the tall nodes of the search and the run's
+        // directory, then one tx_write.
+        expect_r += reads + 1;
+        // naive: the same reads, then the node, one link per level, the
+        // directories and the count.
+        expect_naive += reads + 1 + h as u64 + dir_writes + 1;
         present.insert(at, (k, h));
     }
-    assert!(present.iter().any(|p| p.1 > 2), "some nodes are tall");
+    assert!(
+        grown > 0 && split > 0,
+        "some directories grow ({grown}), some runs split ({split})"
+    );
+    assert!(
+        present.iter().any(|p| p.1 > TALL),
+        "some nodes are taller than the run level"
+    );
     assert_eq!(insert_round_trips(Mode::R, 1, open_skip, &keys), (expect_r, n));
     assert_eq!(insert_round_trips(Mode::Naive, 1, open_skip, &keys), (expect_naive, 0));
+}
+
+/// A writer whose cache holds the skiplist's tall nodes and none of its
+/// run directories or short nodes: every put (new key or update, short
+/// or tall) costs exactly one round trip in rcb, its operation log riding
+/// on the read of the run's directory when that misses (AsymNVM §4.3,
+/// §8.4), and a tx_write every `batch` operations rides along too.
+#[test]
+fn skiplist_puts_cost_one_round_trip_with_the_tall_nodes_cached() {
+    let b = backend();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(9);
+    let mut r = Remote::open(LocalTransport::new(b.clone()), opts(Mode::Rcb, 10)).unwrap();
+    let mut t = open_skip(&mut r);
+    let mut model = BTreeMap::new();
+    for _ in 0..2000 {
+        let k = rng.gen_range(0..1_000_000u64);
+        t.put(&mut r, k, &val(k)).unwrap();
+        model.insert(k, val(k));
+    }
+    r.close().unwrap();
+    let mut r = Remote::open(LocalTransport::new(b), opts(Mode::Rcb, 10)).unwrap();
+    let mut t = open_skip(&mut r);
+    // Warm: a get of each tall key walks tall nodes only.
+    let tall: Vec<u64> = model.keys().copied().filter(|k| height_of(*k) >= TALL).collect();
+    assert!(tall.len() > 50, "{} tall nodes", tall.len());
+    for &k in &tall {
+        assert_eq!(t.get(&mut r, k).unwrap(), Some(val(k)));
+    }
+    let cached = r.cache().len();
+    assert_eq!(cached, 2 + tall.len(), "metadata, head and the tall nodes only");
+    let (start, allocs) = (r.counters().clone(), r.alloc_trips());
+    let existing: Vec<u64> = model.keys().copied().step_by(7).collect();
+    let mut ops = 0u64;
+    for (j, &old) in existing.iter().enumerate() {
+        // An update, then a new key.
+        t.put(&mut r, old, &val(j as u64)).unwrap();
+        model.insert(old, val(j as u64));
+        let k = loop {
+            let k = rng.gen_range(0..1_000_000u64);
+            if !model.contains_key(&k) {
+                break k;
+            }
+        };
+        t.put(&mut r, k, &val(k)).unwrap();
+        model.insert(k, val(k));
+        ops += 2;
+    }
+    let d = r.counters().since(&start);
+    let allocs = r.alloc_trips() - allocs;
+    assert!(ops > 500);
+    assert_eq!(
+        (d.round_trips - allocs, d.verbs_of("op_log"), d.verbs_of("tx_write")),
+        (ops, ops, ops / 10)
+    );
+    assert!(d.verbs_of("read") > 0, "some directories were read");
+    assert_eq!(
+        SkipList::items(&t, &mut r)
+            .unwrap()
+            .into_iter()
+            .collect::<BTreeMap<_, _>>(),
+        model
+    );
+}
+
+#[test]
+fn a_skiplist_of_another_layout_is_refused_with_a_clear_error() {
+    let b = backend();
+    let mut r = Remote::open(LocalTransport::new(b.clone()), opts(Mode::Rcb, 4)).unwrap();
+    let mut t = open_skip(&mut r);
+    t.put(&mut r, 5, &val(5)).unwrap();
+    r.flush().unwrap();
+    let meta = r.name_get("s").unwrap().unwrap();
+    let head = u64::from_le_bytes(r.read(meta, 8, 0).unwrap().try_into().unwrap());
+    // A head whose key word is 0: the layout before run directories.
+    r.begin(&[1]);
+    r.write(head, &0u64.to_le_bytes()).unwrap();
+    r.commit().unwrap();
+    r.close().unwrap();
+    let mut r = Remote::open(LocalTransport::new(b), opts(Mode::Rcb, 4)).unwrap();
+    let e = SkipList::open(&mut r, "s").err().expect("refused");
+    assert!(e.to_string().contains("unknown layout"), "{e}");
 }
 
 fn dies_and_recovers<T: Kv + nvstore_asym::structures::Replay>(open: fn(&mut Remote) -> T) {

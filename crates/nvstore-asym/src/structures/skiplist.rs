@@ -1,10 +1,29 @@
-//! Skiplist (AsymNVM §8.2, §9.2): `u64` keys, 64-byte values, at most
-//! [`MAX_HEIGHT`] levels. A node is `{key, height, value[64], next[height]}`;
-//! the head is a node of full height whose key is never compared. A node's
-//! height is a hash of its key (probability 1/4 per extra level), so
-//! re-executing an operation log builds exactly the same node. Taller
-//! nodes are read at shallower depths, so the level-aware cache keeps the
-//! upper levels (AsymNVM §5).
+//! Skiplist (AsymNVM §8.2, §8.4, §9.2): `u64` keys, 64-byte values, at most
+//! [`MAX_HEIGHT`] levels. A node is `{key, height, value[64], next[height]}`,
+//! and a node of height [`TALL`] or more ends with one more word, its run
+//! directory; the head is a node of full height whose key word holds the
+//! layout ([`LAYOUT`]) and is never compared. A node's height is a hash of
+//! its key (probability 1/4 per extra level), so re-executing an operation
+//! log builds exactly the same node.
+//!
+//! AsymNVM §8.4 caches the nodes of higher degree. Here the tall nodes
+//! (height >= [`TALL`], one node in sixteen) are the upper levels the
+//! level-aware cache keeps (AsymNVM §5), and each of them (and the head)
+//! owns a run directory: the `(key, next pointer)` of every shorter node
+//! between it and the next tall node, in key order, in one object. A
+//! search walks the cached tall nodes to the predecessor `P` at level
+//! `TALL - 1`, then reads `P`'s directory: one read, which in rcb mode
+//! carries the operation log, tells whether the key is present, where
+//! its node is, and (heights ride in the pointers' low bits) its
+//! predecessors and successors on the levels below `TALL - 1`. So a put
+//! reads nothing else, and costs one round trip with the tall nodes
+//! cached. The bottom levels stay an ordinary linked skiplist (every
+//! `next` pointer is kept), so a walk along level 0 needs no directory.
+//!
+//! A directory is `{count, 0, (key, pointer)[cap]}` with `cap = 8 << e`,
+//! and the word that points to it is `address | e`. A tall node inserted
+//! into a run takes the directory entries past it; a tall node removed
+//! gives its entries back to its predecessor.
 
 use std::collections::HashMap;
 
@@ -13,13 +32,57 @@ use crate::{Error, Remote, Result};
 
 /// Levels of the head node.
 pub const MAX_HEIGHT: usize = 12;
+/// Nodes of at least this height (and the head) own a run directory.
+pub const TALL: usize = 3;
+/// The level whose predecessor owns the run a key falls in.
+const RUN_LEVEL: usize = TALL - 1;
 const HDR: usize = 16 + VALUE;
 const META: usize = 16;
 const OP_PUT: u8 = 1;
 const OP_DEL: u8 = 2;
+/// The head's key word: skiplists whose tall nodes own run directories.
+pub const LAYOUT: u64 = u64::from_le_bytes(*b"skipdir1");
+const DIR_HDR: usize = 16;
+/// Largest directory size exponent: `8 << 15` entries.
+const MAX_DIR_EXP: u64 = 15;
+/// Cache depth of a directory: kept after the tall nodes, dropped before them.
+const DIR_DEPTH: u32 = 6;
 
 fn node_size(height: usize) -> usize {
+    HDR + 8 * height + if height >= TALL { 8 } else { 0 }
+}
+
+/// Offset of a tall node's directory word.
+fn dir_word_at(height: usize) -> usize {
     HDR + 8 * height
+}
+
+fn dir_cap(word: u64) -> usize {
+    8 << (word & 15)
+}
+
+fn dir_addr(word: u64) -> u64 {
+    word & !15
+}
+
+fn dir_size(cap: usize) -> usize {
+    DIR_HDR + 16 * cap
+}
+
+/// The directory word for a directory at `addr` with room for at least
+/// `n + 1` entries (so the next insert fits), or an error past the limit.
+fn dir_exp_for(n: usize) -> Result<u64> {
+    let mut e = 0;
+    while (8usize << e) <= n {
+        e += 1;
+        if e > MAX_DIR_EXP {
+            return Err(Error::Protocol(format!(
+                "skiplist run of {n} nodes between two tall nodes exceeds a directory's {} entries",
+                8usize << MAX_DIR_EXP
+            )));
+        }
+    }
+    Ok(e)
 }
 
 /// The height of `key`'s node.
@@ -36,27 +99,77 @@ struct Node {
     key: u64,
     value: Vec<u8>,
     next: Vec<u64>,
+    /// Directory word (tall nodes), else 0.
+    dir: u64,
 }
 
 impl Node {
     fn parse(b: &[u8]) -> Node {
-        let h = (u64_at(b, 8) as usize).min(MAX_HEIGHT);
+        let h = (u64_at(b, 8) as usize).clamp(1, MAX_HEIGHT);
+        if b.len() < node_size(h) {
+            return Node {
+                key: u64_at(b, 0),
+                value: vec![0; VALUE],
+                next: vec![0; 1],
+                dir: 0,
+            };
+        }
         Node {
             key: u64_at(b, 0),
             value: b[16..HDR].to_vec(),
             next: (0..h).map(|l| u64_at(b, HDR + 8 * l)).collect(),
+            dir: if h >= TALL { u64_at(b, dir_word_at(h)) } else { 0 },
         }
     }
 
     fn bytes(&self) -> Vec<u8> {
-        let mut b = Vec::with_capacity(node_size(self.next.len()));
+        let h = self.next.len();
+        let mut b = Vec::with_capacity(node_size(h));
         b.extend_from_slice(&self.key.to_le_bytes());
-        b.extend_from_slice(&(self.next.len() as u64).to_le_bytes());
+        b.extend_from_slice(&(h as u64).to_le_bytes());
         b.extend_from_slice(&self.value);
         for n in &self.next {
             b.extend_from_slice(&n.to_le_bytes());
         }
+        if h >= TALL {
+            b.extend_from_slice(&self.dir.to_le_bytes());
+        }
         b
+    }
+}
+
+/// A run directory: the shorter nodes after a tall node, in key order, as
+/// `(key, tagged pointer)`.
+struct Dir {
+    word: u64,
+    entries: Vec<(u64, u64)>,
+}
+
+impl Dir {
+    fn parse(word: u64, b: &[u8]) -> Dir {
+        let n = (u64_at(b, 0) as usize).min(dir_cap(word)).min((b.len() - DIR_HDR) / 16);
+        Dir {
+            word,
+            entries: (0..n)
+                .map(|i| (u64_at(b, DIR_HDR + 16 * i), u64_at(b, DIR_HDR + 16 * i + 8)))
+                .collect(),
+        }
+    }
+
+    /// The bytes of a directory of room `cap` holding `entries`.
+    fn bytes(entries: &[(u64, u64)], cap: usize) -> Vec<u8> {
+        let mut b = vec![0u8; dir_size(cap)];
+        b[..8].copy_from_slice(&(entries.len() as u64).to_le_bytes());
+        for (i, (k, p)) in entries.iter().enumerate() {
+            b[DIR_HDR + 16 * i..DIR_HDR + 16 * i + 8].copy_from_slice(&k.to_le_bytes());
+            b[DIR_HDR + 16 * i + 8..DIR_HDR + 16 * i + 16].copy_from_slice(&p.to_le_bytes());
+        }
+        b
+    }
+
+    /// Where `key` is: `Ok(index)` or `Err(insertion point)`.
+    fn find(&self, key: u64) -> std::result::Result<usize, usize> {
+        self.entries.binary_search_by_key(&key, |e| e.0)
     }
 }
 
@@ -66,11 +179,39 @@ pub struct SkipList {
     head: u64,
 }
 
-/// Where a search for a key ended: the predecessor at each level, and the
-/// level-0 successor (the key's node when present).
+/// Where a search of the tall nodes for a key ended: the predecessor at
+/// each level from [`RUN_LEVEL`] up (lower entries repeat the head and
+/// are not used), and the tall node after the run (`>= key`), if any.
 struct Path {
     preds: Vec<(u64, Node)>,
     succ: Option<(u64, Node)>,
+}
+
+impl Path {
+    /// The tall node (or head) whose run `key` falls in.
+    fn run(&self) -> &(u64, Node) {
+        &self.preds[RUN_LEVEL]
+    }
+
+    /// The pointer that ends the run: to the next tall node, or 0.
+    fn run_end(&self) -> u64 {
+        self.run().1.next[RUN_LEVEL]
+    }
+}
+
+/// The neighbours on level `l < RUN_LEVEL` of the slot `i` of `dir`'s run
+/// (the entries before `i` and from `j` on): the address of the last
+/// entry before `i` reaching level `l` (or the run's owner `owner`), and
+/// the pointer to the first from `j` on (or `end`).
+fn low_neighbours(dir: &Dir, i: usize, j: usize, l: usize, owner: u64, end: u64) -> (u64, u64) {
+    let reaches = |p: u64| untag(p).1 > l;
+    let pred = dir.entries[..i]
+        .iter()
+        .rev()
+        .find(|e| reaches(e.1))
+        .map_or(owner, |e| untag(e.1).0);
+    let succ = dir.entries[j..].iter().find(|e| reaches(e.1)).map_or(end, |e| e.1);
+    (pred, succ)
 }
 
 impl SkipList {
@@ -78,13 +219,27 @@ impl SkipList {
     pub fn open(r: &mut Remote, name: &str) -> Result<SkipList> {
         if let Some(meta) = r.name_get(name)? {
             let head = u64_at(&r.read(meta, META, 0)?, 0);
+            let h = Self::read_node(r, head, MAX_HEIGHT)?;
+            if h.key != LAYOUT {
+                return Err(Error::Protocol(format!(
+                    "skiplist {name:?} has an unknown layout {:#x} (expected run directories, {LAYOUT:#x})",
+                    h.key
+                )));
+            }
             return Ok(SkipList { meta, head });
         }
         let head = r.alloc(node_size(MAX_HEIGHT) as u64)?;
+        let e = dir_exp_for(0)?;
+        let dir = r.alloc(dir_size(8 << e) as u64)?;
+        if dir & 15 != 0 {
+            return Err(Error::Protocol(format!("skiplist directory at unaligned {dir:#x}")));
+        }
+        r.write_new(dir, &Dir::bytes(&[], 8 << e), DIR_DEPTH)?;
         let h = Node {
-            key: 0,
+            key: LAYOUT,
             value: vec![0; VALUE],
             next: vec![0; MAX_HEIGHT],
+            dir: dir | e,
         };
         r.write_new(head, &h.bytes(), 0)?;
         let meta = r.alloc(META as u64)?;
@@ -114,14 +269,28 @@ impl SkipList {
         Ok(Node::parse(&b))
     }
 
-    /// Searches for `key`, reading each node once.
+    /// Reads the directories of `words` (one round trip for all misses).
+    fn read_dirs(r: &mut Remote, words: &[u64]) -> Result<Vec<Dir>> {
+        let objs: Vec<(u64, usize, u32)> = words
+            .iter()
+            .map(|w| (dir_addr(*w), dir_size(dir_cap(*w)), DIR_DEPTH))
+            .collect();
+        Ok(r.read_many(&objs)?
+            .iter()
+            .zip(words)
+            .map(|(b, w)| Dir::parse(*w, b))
+            .collect())
+    }
+
+    /// Searches the tall nodes for `key`, reading each node once: levels
+    /// [`RUN_LEVEL`] and up link tall nodes only, which the cache keeps.
     fn search(&self, r: &mut Remote, key: u64) -> Result<Path> {
         let mut seen: HashMap<u64, Node> = HashMap::new();
         let mut at = self.head;
         let mut node = Self::read_node(r, at, MAX_HEIGHT)?;
         let mut preds = vec![(0, node.clone()); MAX_HEIGHT];
         let mut succ = None;
-        for l in (0..MAX_HEIGHT).rev() {
+        for l in (RUN_LEVEL..MAX_HEIGHT).rev() {
             loop {
                 let nxt = node.next[l];
                 if nxt == 0 {
@@ -140,7 +309,7 @@ impl SkipList {
                     at = na;
                     node = n;
                 } else {
-                    if l == 0 {
+                    if l == RUN_LEVEL {
                         succ = Some((na, n));
                     }
                     break;
@@ -148,16 +317,26 @@ impl SkipList {
             }
             preds[l] = (at, node.clone());
         }
+        for p in preds.iter_mut().take(RUN_LEVEL) {
+            *p = (at, node.clone());
+        }
         Ok(Path { preds, succ })
     }
 
-    /// The value of `key`.
+    /// The value of `key`: the tall nodes (cached), then the run's
+    /// directory, then the node if the directory holds the key.
     pub fn get(&self, r: &mut Remote, key: u64) -> Result<Option<Vec<u8>>> {
-        Ok(self
-            .search(r, key)?
-            .succ
-            .filter(|(_, n)| n.key == key)
-            .map(|(_, n)| n.value))
+        let p = self.search(r, key)?;
+        if let Some((_, s)) = p.succ.as_ref().filter(|(_, s)| s.key == key) {
+            return Ok(Some(s.value.clone()));
+        }
+        let dir = Self::read_dirs(r, &[p.run().1.dir])?.pop().unwrap();
+        let Ok(i) = dir.find(key) else {
+            return Ok(None);
+        };
+        let (at, h) = untag(dir.entries[i].1);
+        let n = Self::read_node(r, at, h)?;
+        Ok((n.key == key).then_some(n.value))
     }
 
     /// Inserts or replaces `key`; durable when it returns.
@@ -165,6 +344,26 @@ impl SkipList {
         r.begin(&op_log(OP_PUT, key, &value64(value)));
         self.do_put(r, key, &value64(value))?;
         r.commit()
+    }
+
+    /// Writes `entries` as the directory of the run owned by the node at
+    /// `owner` (of height `oh`, directory word `word`): in place if they
+    /// fit (only what changed), else into a larger directory that replaces it.
+    fn store_dir(r: &mut Remote, owner: u64, oh: usize, old: &Dir, entries: &[(u64, u64)]) -> Result<()> {
+        let cap = dir_cap(old.word);
+        let at = dir_addr(old.word);
+        if entries.len() <= cap {
+            let before = Dir::bytes(&old.entries, cap);
+            return r.write_changes(at, &before, &Dir::bytes(entries, cap));
+        }
+        let e = dir_exp_for(entries.len())?;
+        let na = r.alloc(dir_size(8 << e) as u64)?;
+        if na & 15 != 0 {
+            return Err(Error::Protocol(format!("skiplist directory at unaligned {na:#x}")));
+        }
+        r.write_new(na, &Dir::bytes(entries, 8 << e), DIR_DEPTH)?;
+        r.write(owner + dir_word_at(oh) as u64, &(na | e).to_le_bytes())?;
+        r.free(at, dir_size(cap) as u64)
     }
 
     fn do_put(&mut self, r: &mut Remote, key: u64, value: &[u8]) -> Result<()> {
@@ -175,20 +374,53 @@ impl SkipList {
                 return r.write(at + 16, value);
             }
         }
+        let (pa, pn) = p.run().clone();
+        let dir = Self::read_dirs(r, &[pn.dir])?.pop().unwrap();
+        let i = match dir.find(key) {
+            Ok(i) => return r.write(untag(dir.entries[i].1).0 + 16, value),
+            Err(i) => i,
+        };
         let h = height_of(key);
         let at = r.alloc(node_size(h) as u64)?;
         if at & 15 != 0 {
             return Err(Error::Protocol(format!("skiplist node at unaligned {at:#x}")));
         }
-        let node = Node {
+        let mut node = Node {
             key,
             value: value.to_vec(),
-            next: (0..h).map(|l| p.preds[l].1.next[l]).collect(),
+            next: Vec::with_capacity(h),
+            dir: 0,
         };
-        r.write_new(at, &node.bytes(), depth(h))?;
-        for (l, (pa, _)) in p.preds.iter().enumerate().take(h) {
-            r.write(pa + (HDR + 8 * l) as u64, &tag(at, h).to_le_bytes())?;
+        let mut preds = Vec::with_capacity(h);
+        for l in 0..h {
+            if l < RUN_LEVEL {
+                let (pred, succ) = low_neighbours(&dir, i, i, l, pa, p.run_end());
+                preds.push(pred);
+                node.next.push(succ);
+            } else {
+                preds.push(p.preds[l].0);
+                node.next.push(p.preds[l].1.next[l]);
+            }
         }
+        let mut entries = dir.entries.clone();
+        if h >= TALL {
+            // The new tall node owns the rest of the run.
+            let moved = entries.split_off(i);
+            let e = dir_exp_for(moved.len())?;
+            let da = r.alloc(dir_size(8 << e) as u64)?;
+            if da & 15 != 0 {
+                return Err(Error::Protocol(format!("skiplist directory at unaligned {da:#x}")));
+            }
+            r.write_new(da, &Dir::bytes(&moved, 8 << e), DIR_DEPTH)?;
+            node.dir = da | e;
+        } else {
+            entries.insert(i, (key, tag(at, h)));
+        }
+        r.write_new(at, &node.bytes(), depth(h))?;
+        for (l, pred) in preds.iter().enumerate() {
+            r.write(pred + (HDR + 8 * l) as u64, &tag(at, h).to_le_bytes())?;
+        }
+        Self::store_dir(r, pa, pn.next.len(), &dir, &entries)?;
         r.write(self.meta + 8, &(count + 1).to_le_bytes())
     }
 
@@ -203,15 +435,51 @@ impl SkipList {
     fn do_remove(&mut self, r: &mut Remote, key: u64) -> Result<Option<Vec<u8>>> {
         let count = self.count(r)?;
         let p = self.search(r, key)?;
-        let Some((at, n)) = p.succ.filter(|(_, n)| n.key == key) else {
+        let (pa, pn) = p.run().clone();
+        if let Some((sa, s)) = p.succ.clone().filter(|(_, s)| s.key == key) {
+            // A tall node: its run joins its predecessor's (both
+            // directories in one round trip).
+            let mut dirs = Self::read_dirs(r, &[pn.dir, s.dir])?;
+            let sdir = dirs.pop().unwrap();
+            let dir = dirs.pop().unwrap();
+            let n = dir.entries.len();
+            for (l, next) in s.next.iter().enumerate() {
+                let pred = if l < RUN_LEVEL {
+                    low_neighbours(&dir, n, n, l, pa, 0).0
+                } else {
+                    p.preds[l].0
+                };
+                r.write(pred + (HDR + 8 * l) as u64, &next.to_le_bytes())?;
+            }
+            let mut entries = dir.entries.clone();
+            entries.extend_from_slice(&sdir.entries);
+            Self::store_dir(r, pa, pn.next.len(), &dir, &entries)?;
+            r.free(dir_addr(s.dir), dir_size(dir_cap(s.dir)) as u64)?;
+            r.free(sa, node_size(s.next.len()) as u64)?;
+            r.write(self.meta + 8, &(count - 1).to_le_bytes())?;
+            return Ok(Some(s.value));
+        }
+        let dir = Self::read_dirs(r, &[pn.dir])?.pop().unwrap();
+        let Ok(i) = dir.find(key) else {
             return Ok(None);
         };
-        for (l, (pa, pn)) in p.preds.iter().enumerate().take(n.next.len()) {
-            if untag(pn.next[l]).0 == at {
-                r.write(pa + (HDR + 8 * l) as u64, &n.next[l].to_le_bytes())?;
-            }
+        let (at, h) = untag(dir.entries[i].1);
+        let n = Self::read_node(r, at, h)?;
+        if n.key != key || n.next.len() != h {
+            return Err(Error::Protocol(format!(
+                "skiplist directory entry {key} points to a node of key {} and height {}",
+                n.key,
+                n.next.len()
+            )));
         }
-        r.free(at, node_size(n.next.len()) as u64)?;
+        for (l, next) in n.next.iter().enumerate() {
+            let (pred, _) = low_neighbours(&dir, i, i + 1, l, pa, 0);
+            r.write(pred + (HDR + 8 * l) as u64, &next.to_le_bytes())?;
+        }
+        let mut entries = dir.entries.clone();
+        entries.remove(i);
+        Self::store_dir(r, pa, pn.next.len(), &dir, &entries)?;
+        r.free(at, node_size(h) as u64)?;
         r.write(self.meta + 8, &(count - 1).to_le_bytes())?;
         Ok(Some(n.value))
     }

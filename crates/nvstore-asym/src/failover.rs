@@ -12,7 +12,8 @@
 //!   primary's lease expired) and the mirror is a clean copy, it claims it,
 //!   raises its pool's epoch to the claimed one (durably) and serves.
 //! - A front-end ([`ClusterWriter`]) resolves the primary through etcd, and
-//!   when its connection fails resolves and reconnects, recovers the
+//!   when its connection fails watches the primary key and reconnects as it
+//!   changes (see [`open_on_primary`]), recovers the
 //!   structure (the operation logs the new primary holds are re-executed
 //!   exactly once) and sends again the one operation it had no answer for,
 //!   unless the new primary's operation-log sequence shows it was logged.
@@ -34,7 +35,7 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use etcd_client::{Compare, CompareOp, ConnectOptions, PutOptions, Txn, TxnOp, TxnOpResponse};
+use etcd_client::{Compare, CompareOp, ConnectOptions, PutOptions, Txn, TxnOp, TxnOpResponse, WatchOptions};
 
 use crate::mirror::Lease;
 use crate::remote::{Remote, RemoteOptions};
@@ -48,8 +49,12 @@ pub const LEASE_TTL: i64 = 1;
 const RENEW_EVERY: Duration = Duration::from_millis(200);
 /// Safety margin: a lease counts as held until TTL less this after a renewal was sent.
 const LEASE_MARGIN: Duration = Duration::from_millis(100);
-/// How often mirrors and front-ends look at the primary key.
+/// How often mirrors look at the primary key, and how soon a front-end
+/// tries a registered primary that did not answer again.
 pub const POLL: Duration = Duration::from_millis(50);
+/// Longest a front-end watching for a primary to register waits before it
+/// reads the key again (a watch that saw no change).
+pub const NO_PRIMARY_WAIT: Duration = Duration::from_secs(1);
 
 fn cluster_err(e: etcd_client::Error) -> Error {
     Error::Cluster(e.to_string())
@@ -119,9 +124,44 @@ impl Cluster {
 
     /// The primary etcd names now: address and epoch.
     pub fn primary(&mut self) -> Result<Option<(SocketAddr, u64)>> {
+        Ok(self.primary_at()?.0)
+    }
+
+    /// [`Cluster::primary`], with the etcd revision the answer is as of.
+    pub fn primary_at(&mut self) -> Result<(Option<(SocketAddr, u64)>, i64)> {
         let key = self.part.primary_key();
         let r = self.rt.block_on(self.client.get(key, None)).map_err(cluster_err)?;
-        Ok(r.kvs().first().and_then(|kv| parse_primary(kv.value())))
+        let rev = r.header().map_or(0, |h| h.revision());
+        Ok((r.kvs().first().and_then(|kv| parse_primary(kv.value())), rev))
+    }
+
+    /// Watches the primary key from the revision after `revision` (an
+    /// answer of [`Cluster::primary_at`]) until it changes (true) or
+    /// `timeout` passes (false). A change made between that answer and
+    /// the watch's start is reported too: the watch starts in the past.
+    pub fn wait_primary_change(&mut self, revision: i64, timeout: Duration) -> Result<bool> {
+        let key = self.part.primary_key();
+        let mut client = self.client.clone();
+        self.rt.block_on(async move {
+            let opts = WatchOptions::new().with_start_revision(revision + 1);
+            let changed = async {
+                let mut stream = client.watch(key, Some(opts)).await.map_err(cluster_err)?;
+                // The first answer confirms the watch; events follow.
+                while let Some(r) = stream.message().await.map_err(cluster_err)? {
+                    if r.canceled() {
+                        return Err(Error::Cluster(format!(
+                            "etcd canceled the watch: {}",
+                            r.cancel_reason()
+                        )));
+                    }
+                    if !r.events().is_empty() {
+                        return Ok(true);
+                    }
+                }
+                Ok(false)
+            };
+            tokio::time::timeout(timeout, changed).await.unwrap_or(Ok(false))
+        })
     }
 
     /// The highest epoch ever claimed for the partition (0: none).
@@ -332,11 +372,26 @@ pub fn resend_kept<S: Replay>(r: &mut Remote, s: &mut S, kept: &[(u64, Vec<u8>)]
 }
 
 /// Opens a writer on the primary etcd names, refusing one whose epoch is
-/// lower than etcd's (a deposed primary); retries every 50 ms until `deadline`.
+/// lower than etcd's (a deposed primary), until `deadline`. Between
+/// attempts it watches the primary key: with no primary registered only a
+/// change of the key can help, so it waits for one (up to
+/// [`NO_PRIMARY_WAIT`]); with one registered that did not answer, it tries
+/// again at the next change or after [`POLL`], whichever comes first (the
+/// key stays while a dead primary's lease runs out, and a new primary may
+/// register just before it listens).
 pub fn open_on_primary(cluster: &mut Cluster, opts: &RemoteOptions, deadline: Instant) -> Result<Remote> {
     let mut last = Error::Cluster("no primary registered".into());
     loop {
-        match cluster.primary() {
+        let (named, revision) = match cluster.primary_at() {
+            Ok((named, rev)) => (Ok(named), rev),
+            Err(e) => (Err(e), 0),
+        };
+        let wait = if matches!(named, Ok(None)) {
+            NO_PRIMARY_WAIT
+        } else {
+            POLL
+        };
+        match named {
             Ok(Some((addr, epoch))) => {
                 match TcpTransport::connect(addr)
                     .map_err(Error::from)
@@ -355,10 +410,15 @@ pub fn open_on_primary(cluster: &mut Cluster, opts: &RemoteOptions, deadline: In
             Ok(None) => {}
             Err(e) => last = e,
         }
-        if Instant::now() >= deadline {
+        let now = Instant::now();
+        if now >= deadline {
             return Err(last);
         }
-        std::thread::sleep(POLL);
+        let wait = wait.min(deadline - now);
+        if revision == 0 || cluster.wait_primary_change(revision, wait).is_err() {
+            // etcd did not answer: try again after a pause.
+            std::thread::sleep(POLL.min(wait));
+        }
     }
 }
 

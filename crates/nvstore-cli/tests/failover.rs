@@ -291,3 +291,33 @@ fn case4_two_mirrors_race_for_a_dead_primary_one_wins_the_other_follows_it() {
     assert_eq!(epoch_of(&etcd).0, addrs[lost]);
     assert_exactly_once(&mut w, &q, 0..450);
 }
+
+/// Front-ends follow the primary key by watching it: a watch started from
+/// a read's revision reports a claim made after that read (even one made
+/// before the watch began), and the claim's lease running out (the key's
+/// deletion); with no change it ends at its timeout.
+#[test]
+fn a_front_end_watch_sees_the_primary_key_change() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(etcd) = etcd(dir.path()) else { return };
+    let mut watcher = Cluster::connect(&etcd.url, Partition::new(CLUSTER, 0)).unwrap();
+    let mut claimer = Cluster::connect(&etcd.url, Partition::new(CLUSTER, 0)).unwrap();
+    let (none, rev) = watcher.primary_at().unwrap();
+    assert_eq!(none, None);
+    assert!(
+        !watcher.wait_primary_change(rev, Duration::from_millis(300)).unwrap(),
+        "no change: the watch ends at its timeout"
+    );
+    let addr: std::net::SocketAddr = "127.0.0.1:7".parse().unwrap();
+    assert!(matches!(
+        claimer.claim(addr, 1).unwrap(),
+        nvstore_asym::failover::Claim::Won { .. }
+    ));
+    // The claim came after the read: the watch from the read's revision sees it.
+    assert!(watcher.wait_primary_change(rev, WAIT).unwrap());
+    let (named, rev) = watcher.primary_at().unwrap();
+    assert_eq!(named.map(|(a, _)| a), Some(addr));
+    // Nobody renews the claim's lease: the key goes when it runs out.
+    assert!(watcher.wait_primary_change(rev, WAIT).unwrap());
+    assert_eq!(watcher.primary().unwrap(), None);
+}

@@ -12,7 +12,7 @@ use super::points as p;
 use crate::alloc::Allocator;
 use crate::error::{Error, Result};
 use crate::format::blob;
-use crate::pmem::{Space, LINE};
+use crate::pmem::{Point, Space, LINE};
 
 /// Longest key or value: blob lengths are 32-bit.
 pub const MAX_LEN: usize = u32::MAX as usize;
@@ -266,22 +266,7 @@ impl<S: Space> HashTable<S> {
                 self.split(st, h)?;
                 continue;
             };
-            let version = st.next_version;
-            if version > l::VERSION_MAX {
-                return Err(Error::Unsupported("hash table: entry versions exhausted".into()));
-            }
-            let blob_off = match l::blob_bytes(key, value) {
-                Some(bytes) => {
-                    let off = self.alloc.alloc(&*self.space, bytes.len() as u64)?;
-                    self.space.write(off, &bytes);
-                    self.space.flush(off, bytes.len() as u64, p::BLOB_FLUSH);
-                    off
-                }
-                None => 0,
-            };
-            let words = l::encode_slot(key, value, blob_off, version);
-            let so = b + l::slot_rel(i);
-            self.space.write(so, &l::slot_to_bytes(&words));
+            let so = self.write_slot(st, b, i, key, value, p::BLOB_FLUSH)?;
             self.space.persist(so, l::SLOT_BYTES, p::SLOT_FLUSH, p::SLOT_FENCE);
             let mut new_hdr = hdr.with(i, l::fingerprint(h));
             for f in found.iter().filter(|f| f.bucket == b) {
@@ -379,22 +364,7 @@ impl<S: Space> HashTable<S> {
         if found.iter().any(|f| f.bucket != b) {
             return Ok(None);
         }
-        let version = st.next_version;
-        if version > l::VERSION_MAX {
-            return Err(Error::Unsupported("hash table: entry versions exhausted".into()));
-        }
-        let blob_off = match l::blob_bytes(key, value) {
-            Some(bytes) => {
-                let off = self.alloc.alloc(&*self.space, bytes.len() as u64)?;
-                self.space.write(off, &bytes);
-                self.space.flush(off, bytes.len() as u64, p::GROUP_BLOB_FLUSH);
-                off
-            }
-            None => 0,
-        };
-        let words = l::encode_slot(key, value, blob_off, version);
-        let so = b + l::slot_rel(i);
-        self.space.write(so, &l::slot_to_bytes(&words));
+        let so = self.write_slot(st, b, i, key, value, p::GROUP_BLOB_FLUSH)?;
         self.space.flush(so, l::SLOT_BYTES, p::GROUP_SLOT_FLUSH);
         let mut new_hdr = hdr.with(i, l::fingerprint(h));
         for f in &found {
@@ -553,6 +523,30 @@ impl<S: Space> HashTable<S> {
             }
             self.space.publish(b, hdr.0, p::BUCKET_FLUSH, p::BUCKET_FENCE);
         }
+    }
+
+    /// Writes `key`'s entry, with the table's next version, into slot `i`
+    /// of bucket `b` (not yet published: its header bit is the caller's,
+    /// as are the slot's flush and fence), and its blob first when it
+    /// needs one (flushed at `blob_flush`). Returns the slot's offset.
+    fn write_slot(&self, st: &State, b: u64, i: usize, key: &[u8], value: &[u8], blob_flush: Point) -> Result<u64> {
+        let version = st.next_version;
+        if version > l::VERSION_MAX {
+            return Err(Error::Unsupported("hash table: entry versions exhausted".into()));
+        }
+        let blob_off = match l::blob_bytes(key, value) {
+            Some(bytes) => {
+                let off = self.alloc.alloc(&*self.space, bytes.len() as u64)?;
+                self.space.write(off, &bytes);
+                self.space.flush(off, bytes.len() as u64, blob_flush);
+                off
+            }
+            None => 0,
+        };
+        let words = l::encode_slot(key, value, blob_off, version);
+        let so = b + l::slot_rel(i);
+        self.space.write(so, &l::slot_to_bytes(&words));
+        Ok(so)
     }
 
     fn free_blobs(&self, found: &[Found]) {

@@ -334,7 +334,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
         self.writable_tree()?;
         loop {
             let guard = epoch::pin();
-            let step = self.index.load().with_leaf(key, |leaf| -> Result<OneStep<R>> {
+            let step = self.with_leaf(key, |leaf| -> Result<OneStep<R>> {
                 self.sound(leaf)?;
                 let lk = leaf.lock.lock();
                 if leaf.dead.load(Ordering::Acquire) {
@@ -370,7 +370,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
                     }
                     OneWrite::Put(v) => {
                         check_sizes(key, &v)?;
-                        Some(v)
+                        v
                     }
                 };
                 // An update appends only the new element, as a plain put
@@ -381,27 +381,21 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
                 if n + need > L::room(sp, leaf) {
                     return Ok(OneStep::Full);
                 }
-                let blob = match value
-                    .as_deref()
-                    .and_then(|v| element::blob_size(key, v).map(|sz| (v, sz)))
-                {
-                    Some((v, sz)) => {
+                let blob = match element::blob_size(key, &value) {
+                    Some(sz) => {
                         let off = self.alloc.alloc(sp, sz)?;
-                        element::write_blob(sp, off, key, v);
+                        element::write_blob(sp, off, key, &value);
                         off
                     }
                     None => 0,
                 };
                 let w = self.clock.begin_write();
-                let elem = match &value {
-                    Some(v) => element::encode(key, v, blob, w.ts, false),
-                    None => unreachable!("a delete returned above"),
-                };
-                L::append(sp, leaf, n, &[elem]);
+                L::append(sp, leaf, n, &[element::encode(key, &value, blob, w.ts, false)]);
                 leaf.durable.store(n + 1, Ordering::Release);
                 self.adaptive.wrote(&leaf.counters, 1, 1);
-                self.keys
-                    .fetch_add(value.is_some() as i64 - old.is_some() as i64, Ordering::Relaxed);
+                if old.is_none() {
+                    self.keys.fetch_add(1, Ordering::Relaxed);
+                }
                 drop(w);
                 drop(lk);
                 Ok(OneStep::Done(r, true))

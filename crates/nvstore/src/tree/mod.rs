@@ -314,26 +314,41 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
     pub fn get_with_at<R>(&self, key: &[u8], at: u64, f: impl FnOnce(&[u8]) -> R) -> Result<Option<R>> {
         loop {
             let _g = epoch::pin();
-            let idx = self.index.load();
             let space = &*self.space;
-            let guess = |guide, lo, hi, kw| {
-                if key.len() == 8 {
-                    L::prefetch_guess(space, guide, lo, hi, kw);
-                }
-            };
-            let found = idx.with_leaf_guided(key, guess, |leaf, guide| -> Result<_> {
+            let found = self.with_leaf(key, |leaf| -> Result<_> {
                 self.sound(leaf)?;
                 self.adaptive.read(&leaf.counters);
-                let found = L::read_ref(space, leaf, key, at);
-                if let Some(g) = guide.filter(|g| g.load(Ordering::Relaxed) == 0) {
-                    g.store(L::guide(space, leaf), Ordering::Relaxed);
-                }
-                Ok(found)
+                Ok(L::read_ref(space, leaf, key, at))
             })?;
             if let Some(v) = found {
                 return Ok(v.map(|v| v.with(&*self.space, f)));
             }
         }
+    }
+
+    /// Runs `f` on the leaf `key` routes to in the current index,
+    /// borrowed from its PLN (`Index::with_leaf`). For an 8-byte key the
+    /// line(s) of the leaf most likely to hold it are prefetched first
+    /// (`LeafFormat::prefetch_guess`), so that miss overlaps the one on
+    /// the leaf's handle; every point operation (read, write, delete)
+    /// routes here. A sound leaf whose PLN slot has no guide yet gets one.
+    #[inline]
+    fn with_leaf<R>(&self, key: &[u8], f: impl FnOnce(&Arc<Leaf<L>>) -> R) -> R {
+        let space = &*self.space;
+        let guess = |guide, lo, hi, kw| {
+            if key.len() == 8 {
+                L::prefetch_guess(space, guide, lo, hi, kw);
+            }
+        };
+        self.index.load().with_leaf_guided(key, guess, |leaf, guide| {
+            let r = f(leaf);
+            if let Some(g) = guide.filter(|g| g.load(Ordering::Relaxed) == 0) {
+                if leaf.checked.load(Ordering::Acquire) {
+                    g.store(L::guide(space, leaf), Ordering::Relaxed);
+                }
+            }
+            r
+        })
     }
 
     /// Commit timestamp of `key`'s newest element (a delete's too).
@@ -381,7 +396,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
             // The leaf is borrowed from its PLN for the whole write (no
             // reference-count traffic on its handle), and routing happens
             // once: the soundness check rides on the same lookup.
-            let step = self.index.load().with_leaf(key, |leaf| -> Result<Step> {
+            let step = self.with_leaf(key, |leaf| -> Result<Step> {
                 self.sound(leaf)?;
                 let _lk = leaf.lock.lock();
                 if leaf.dead.load(Ordering::Acquire) {
@@ -433,7 +448,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
         loop {
             let guard = epoch::pin();
             let mut low = false;
-            let step = self.index.load().with_leaf(key, |leaf| -> Result<Step> {
+            let step = self.with_leaf(key, |leaf| -> Result<Step> {
                 self.sound(leaf)?;
                 let _lk = leaf.lock.lock();
                 if leaf.dead.load(Ordering::Acquire) {

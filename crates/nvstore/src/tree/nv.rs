@@ -86,7 +86,9 @@ fn guessed_entries(guide: u64, lo: u64, hi: u64, kw: u64) -> Option<(u64, u64)> 
     if compact == 0 || kw <= lo || kw > hi {
         return None;
     }
-    let at = ((kw - lo) as u128 * compact as u128 / (hi - lo) as u128) as u64;
+    // In floating point: a hint needs no exact quotient, and a 128-bit
+    // integer division is a library call of tens of cycles.
+    let at = (((kw - lo) as f64 / (hi - lo) as f64) * compact as f64) as u64;
     let entry = |j: u64| (guide & GUIDE_OFF_MASK) + nv::ELEMS_OFF + j * nv::COMPACT_SIZE;
     Some((entry(at.saturating_sub(2)), entry((at + 2).min(compact - 1))))
 }
@@ -553,33 +555,31 @@ impl LeafFormat for Nv {
         // failure-atomic store, one flush and one fence, and nothing is
         // appended (FPTree's bitmap delete), so deletes do not fill the leaf.
         // The delete's timestamp is remembered as an in-place update's is.
-        if i < nv::GONE_SLOTS {
-            let w = clock.begin_write();
-            if clock.quiet(&w) {
-                if let Some(bits) = key_bits(s, leaf, &layout, key, i) {
-                    leaf.state.in_place.fetch_max(w.ts, Ordering::AcqRel);
-                    let slot = &hints(s, leaf).gone[(i / 64) as usize];
-                    let word = slot.load(Ordering::Relaxed) | bits;
-                    let at = layout.gone_word(i);
-                    write_visible(&leaf.state.seq, || {
-                        s.store(at, word);
-                        slot.store(word, Ordering::Relaxed);
-                        s.flush(at, 8, points::NV_GONE_FLUSH);
-                        s.fence(points::NV_GONE_FENCE);
-                    });
-                    drop(w);
-                    return Removed::Done {
-                        existed: true,
-                        freed: None,
-                    };
-                }
+        // Either way the delete takes one timestamp.
+        let w = clock.begin_write();
+        if i < nv::GONE_SLOTS && clock.quiet(&w) {
+            if let Some(bits) = key_bits(s, leaf, &layout, key, i) {
+                leaf.state.in_place.fetch_max(w.ts, Ordering::AcqRel);
+                let slot = &hints(s, leaf).gone[(i / 64) as usize];
+                let word = slot.load(Ordering::Relaxed) | bits;
+                let at = layout.gone_word(i);
+                write_visible(&leaf.state.seq, || {
+                    s.store(at, word);
+                    slot.store(word, Ordering::Relaxed);
+                    s.flush(at, 8, points::NV_GONE_FLUSH);
+                    s.fence(points::NV_GONE_FENCE);
+                });
+                drop(w);
+                return Removed::Done {
+                    existed: true,
+                    freed: None,
+                };
             }
         }
         if n + 1 > nv::capacity_at(leaf.size, layout.compact) {
             return Removed::Full;
         }
         let old = layout.words(s, i);
-        let w = clock.begin_write();
         Self::append(s, leaf, n, &[negate(old, w.ts, false)]);
         leaf.durable.store(n + 1, Ordering::Release);
         drop(w);

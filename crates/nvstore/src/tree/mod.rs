@@ -315,8 +315,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
         loop {
             let _g = epoch::pin();
             let space = &*self.space;
-            let found = self.with_leaf(key, |leaf| -> Result<_> {
-                self.sound(leaf)?;
+            let found = self.with_sound_leaf(key, |leaf| -> Result<_> {
                 self.adaptive.read(&leaf.counters);
                 Ok(L::read_ref(space, leaf, key, at))
             })?;
@@ -327,13 +326,14 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
     }
 
     /// Runs `f` on the leaf `key` routes to in the current index,
-    /// borrowed from its PLN (`Index::with_leaf`). For an 8-byte key the
-    /// line(s) of the leaf most likely to hold it are prefetched first
+    /// borrowed from its PLN (`Index::with_leaf`), once the leaf is known
+    /// sound ([`Tree::sound`]). For an 8-byte key the line(s) of the leaf
+    /// most likely to hold it are prefetched first
     /// (`LeafFormat::prefetch_guess`), so that miss overlaps the one on
     /// the leaf's handle; every point operation (read, write, delete)
-    /// routes here. A sound leaf whose PLN slot has no guide yet gets one.
+    /// routes here. A PLN slot with no guide yet gets one.
     #[inline]
-    fn with_leaf<R>(&self, key: &[u8], f: impl FnOnce(&Arc<Leaf<L>>) -> R) -> R {
+    fn with_sound_leaf<R>(&self, key: &[u8], f: impl FnOnce(&Arc<Leaf<L>>) -> Result<R>) -> Result<R> {
         let space = &*self.space;
         let guess = |guide, lo, hi, kw| {
             if key.len() == 8 {
@@ -341,11 +341,10 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
             }
         };
         self.index.load().with_leaf_guided(key, guess, |leaf, guide| {
+            self.sound(leaf)?;
             let r = f(leaf);
             if let Some(g) = guide.filter(|g| g.load(Ordering::Relaxed) == 0) {
-                if leaf.checked.load(Ordering::Acquire) {
-                    g.store(L::guide(space, leaf), Ordering::Relaxed);
-                }
+                g.store(L::guide(space, leaf), Ordering::Relaxed);
             }
             r
         })
@@ -396,8 +395,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
             // The leaf is borrowed from its PLN for the whole write (no
             // reference-count traffic on its handle), and routing happens
             // once: the soundness check rides on the same lookup.
-            let step = self.with_leaf(key, |leaf| -> Result<Step> {
-                self.sound(leaf)?;
+            let step = self.with_sound_leaf(key, |leaf| -> Result<Step> {
                 let _lk = leaf.lock.lock();
                 if leaf.dead.load(Ordering::Acquire) {
                     return Ok(Step::Again);
@@ -448,8 +446,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
         loop {
             let guard = epoch::pin();
             let mut low = false;
-            let step = self.with_leaf(key, |leaf| -> Result<Step> {
-                self.sound(leaf)?;
+            let step = self.with_sound_leaf(key, |leaf| -> Result<Step> {
                 let _lk = leaf.lock.lock();
                 if leaf.dead.load(Ordering::Acquire) {
                     return Ok(Step::Again);

@@ -9,6 +9,8 @@
 //! written, flushed and fenced (with the element) before the count that
 //! publishes the element, and never changes afterwards.
 
+use crate::pmem::{Point, Space};
+
 /// Where the bytes start: after the header word ([`header_word`]).
 pub const DATA_OFF: u64 = 8;
 
@@ -38,4 +40,19 @@ pub fn header_word(key_len: usize, value_len: usize) -> u64 {
 /// Decodes the header word into (key_len, value_len).
 pub fn lens(word: u64) -> (u64, u64) {
     (word & 0xffff_ffff, word >> 32)
+}
+
+/// Writes the blob of the out-of-line parts `key` and `value` (either may
+/// be empty) at `off`, straight into the space (no staging copy of the
+/// value), and flushes it at `point`. The caller's fence orders it before
+/// the store that publishes it.
+pub fn write<S: Space>(s: &S, off: u64, key: &[u8], value: &[u8], point: Point) {
+    s.write(off, &header_word(key.len(), value.len()).to_le_bytes());
+    if !key.is_empty() {
+        s.write(key_at(off), key);
+    }
+    if !value.is_empty() {
+        s.write(value_at(off, key.len() as u64), value);
+    }
+    s.flush(off, size(key.len(), value.len()), point);
 }

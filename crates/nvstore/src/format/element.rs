@@ -41,12 +41,7 @@ pub fn inline_value_word(v: &[u8]) -> u64 {
 pub fn write_blob<S: Space>(s: &S, off: u64, key: &[u8], value: &[u8]) {
     let k: &[u8] = if key.len() > 8 { key } else { &[] };
     let v: &[u8] = if value.len() > 8 { value } else { &[] };
-    let mut buf = Vec::with_capacity(blob::size(k.len(), v.len()) as usize);
-    buf.extend_from_slice(&blob::header_word(k.len(), v.len()).to_le_bytes());
-    buf.extend_from_slice(k);
-    buf.extend_from_slice(v);
-    s.write(off, &buf);
-    s.flush(off, buf.len() as u64, points::BLOB_FLUSH);
+    blob::write(s, off, k, v, points::BLOB_FLUSH);
 }
 
 /// Whether `key` and `value` need a blob, and of what size.

@@ -172,11 +172,14 @@ impl<S: Space> HashEngine<S> {
 
     pub fn put(&self, key: &[u8], value: &[u8]) -> Result<()> {
         crate::tree::check_sizes(key, value)?;
+        // The value is copied into the pool before the writer lock, so
+        // concurrent puts copy in parallel (see `HashTable::write_blob`).
+        let blob = self.table.write_blob(key, value, super::points::BLOB_FLUSH)?;
         let _w = self.writer.lock();
         // An update leaves the index as it is: it already holds the key. A
         // key the table reports as new is not in the index either (both
         // change under this lock), so the index need not look for it.
-        let new = self.table.put(key, value)?;
+        let new = self.table.put_blob(key, value, blob)?;
         if new && self.indexed {
             self.index.insert_new(key, ());
         }
@@ -198,8 +201,9 @@ impl<S: Space> HashEngine<S> {
         if valid.is_empty() {
             return out;
         }
+        let blobs = self.table.write_blobs(&valid);
         let _w = self.writer.lock();
-        let mut done = self.table.put_group(&valid).into_iter().zip(&valid);
+        let mut done = self.table.put_group_blobs(&valid, blobs).into_iter().zip(&valid);
         for r in out.iter_mut().filter(|r| r.is_ok()) {
             let (res, (key, _)) = done.next().expect("one result per valid pair");
             *r = res.map(|new| {

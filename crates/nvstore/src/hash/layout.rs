@@ -5,8 +5,6 @@
 //! the format (it decides where a key lives), so it is defined here, not
 //! taken from a crate whose algorithm may change between versions.
 
-use crate::format::blob;
-
 /// Slots per bucket: a header word plus 7 slots of 32 bytes fill 232 of a
 /// bucket's 256 bytes.
 pub const BUCKET_SLOTS: usize = 7;
@@ -205,19 +203,12 @@ pub fn encode_slot(key: &[u8], value: &[u8], blob_off: u64, version: u64) -> Slo
     [kw, blob_off, vw, meta.encode()]
 }
 
-/// The blob `key`/`value` need (only the parts that are not inline), in
-/// the layout of `format/blob.rs`.
-pub fn blob_bytes(key: &[u8], value: &[u8]) -> Option<Vec<u8>> {
+/// The parts of `key`/`value` a blob holds (those that are not inline),
+/// in the layout of `format/blob.rs`; `None` when both are inline.
+pub fn blob_parts<'a>(key: &'a [u8], value: &'a [u8]) -> Option<(&'a [u8], &'a [u8])> {
     let k: &[u8] = if key.len() > INLINE_MAX { key } else { &[] };
     let v: &[u8] = if value.len() > INLINE_MAX { value } else { &[] };
-    if k.is_empty() && v.is_empty() {
-        return None;
-    }
-    let mut buf = Vec::with_capacity(blob::size(k.len(), v.len()) as usize);
-    buf.extend_from_slice(&blob::header_word(k.len(), v.len()).to_le_bytes());
-    buf.extend_from_slice(k);
-    buf.extend_from_slice(v);
-    Some(buf)
+    (!k.is_empty() || !v.is_empty()).then_some((k, v))
 }
 
 pub fn slot_from_bytes(b: &[u8]) -> Slot {

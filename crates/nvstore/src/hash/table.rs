@@ -5,7 +5,7 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use parking_lot::RwLock;
+use parking_lot::{Mutex, RwLock};
 
 use super::layout::{self as l, BucketHeader, Meta, Slot};
 use super::points as p;
@@ -13,9 +13,17 @@ use crate::alloc::Allocator;
 use crate::error::{Error, Result};
 use crate::format::blob;
 use crate::pmem::{Point, Space, LINE};
+use crate::tree::SplitHook;
 
 /// Longest key or value: blob lengths are 32-bit.
 pub const MAX_LEN: usize = u32::MAX as usize;
+
+/// A put's blob, written and flushed but named by no slot yet
+/// ([`HashTable::write_blob`]): its offset, 0 when the key and value fit
+/// in the slot. The put it was written for publishes it or frees it.
+#[derive(Clone, Copy, Debug)]
+#[must_use = "a written blob is published by a put or freed by discard"]
+pub struct Blob(u64);
 
 /// DRAM mirror of the published directory, and counters.
 #[derive(Clone, Debug)]
@@ -66,6 +74,10 @@ pub struct HashTable<S: Space> {
     state: RwLock<State>,
     /// Segment splits since open (`stat`'s `splits` on a hash pool).
     splits: AtomicU64,
+    /// Called right after a split frees the old segment and directory
+    /// (crash tests: the moment another writer's `write_blob` may first
+    /// take those blocks).
+    split_hook: Mutex<Option<SplitHook>>,
 }
 
 impl<S: Space> HashTable<S> {
@@ -101,6 +113,7 @@ impl<S: Space> HashTable<S> {
             root_off,
             state: RwLock::new(state),
             splits: AtomicU64::new(0),
+            split_hook: Mutex::new(None),
         })
     }
 
@@ -204,12 +217,21 @@ impl<S: Space> HashTable<S> {
             root_off,
             state: RwLock::new(scan.state),
             splits: AtomicU64::new(0),
+            split_hook: Mutex::new(None),
         }
     }
 
     /// Number of distinct keys.
     pub fn len(&self) -> u64 {
         self.state.read().len
+    }
+
+    /// Installs (or removes) the split hook. For crash tests only: a hook
+    /// that writes blobs stands for concurrent writers, whose blobs may
+    /// take the blocks a split has just freed.
+    #[cfg(test)]
+    pub fn set_split_hook(&self, hook: Option<SplitHook>) {
+        *self.split_hook.lock() = hook;
     }
 
     /// Segment splits since the table was created or opened.
@@ -243,15 +265,51 @@ impl<S: Space> HashTable<S> {
     /// readers and recovery take the newer version. Returns whether the key
     /// is new (it had no entry).
     pub fn put(&self, key: &[u8], value: &[u8]) -> Result<bool> {
+        let blob = self.write_blob(key, value, p::BLOB_FLUSH)?;
+        self.put_blob(key, value, blob)
+    }
+
+    /// Writes and flushes the blob a put of `key`/`value` needs, before
+    /// the put takes any lock: blobs are private until a slot names them,
+    /// so concurrent writers copy their values in parallel and hold the
+    /// writer lock only to place and publish their slots. The put's slot
+    /// fence orders the blob's flush (at `point`). A crash before the slot
+    /// is published leaves the blob unreachable, and the allocator's
+    /// rebuild at open frees it; a put that fails frees it at once.
+    pub fn write_blob(&self, key: &[u8], value: &[u8], point: Point) -> Result<Blob> {
         check_lens(key, value)?;
+        Ok(match l::blob_parts(key, value) {
+            Some((k, v)) => {
+                let off = self.alloc.alloc(&*self.space, blob::size(k.len(), v.len()))?;
+                blob::write(&*self.space, off, k, v, point);
+                Blob(off)
+            }
+            None => Blob(0),
+        })
+    }
+
+    /// [`HashTable::put`] of a pair whose blob [`HashTable::write_blob`]
+    /// has written. On an error the blob is freed.
+    pub fn put_blob(&self, key: &[u8], value: &[u8], blob: Blob) -> Result<bool> {
         let mut st = self.state.write();
-        self.put_locked(&mut st, key, value, true)
+        let r = self.put_locked(&mut st, key, value, blob, true);
+        if r.is_err() {
+            self.discard(blob);
+        }
+        r
+    }
+
+    /// Frees a blob no slot will name.
+    pub fn discard(&self, blob: Blob) {
+        if blob.0 != 0 {
+            self.alloc.free(blob.0);
+        }
     }
 
     /// [`HashTable::put`] with the writer lock held; marks the operation's
     /// end for the crash simulator when `boundary` (a put inside a group
     /// leaves that to the group).
-    fn put_locked(&self, st: &mut State, key: &[u8], value: &[u8], boundary: bool) -> Result<bool> {
+    fn put_locked(&self, st: &mut State, key: &[u8], value: &[u8], blob: Blob, boundary: bool) -> Result<bool> {
         let h = l::hash(key);
         loop {
             let found = self.find_all(st, h, key);
@@ -266,7 +324,7 @@ impl<S: Space> HashTable<S> {
                 self.split(st, h)?;
                 continue;
             };
-            let so = self.write_slot(st, b, i, key, value, p::BLOB_FLUSH)?;
+            let so = self.write_slot(st, b, i, key, value, blob)?;
             self.space.persist(so, l::SLOT_BYTES, p::SLOT_FLUSH, p::SLOT_FENCE);
             let mut new_hdr = hdr.with(i, l::fingerprint(h));
             for f in found.iter().filter(|f| f.bucket == b) {
@@ -287,9 +345,26 @@ impl<S: Space> HashTable<S> {
         }
     }
 
-    /// Inserts or replaces every pair of `items` as [`HashTable::put`]
-    /// does, but as one durable group: each put's blob and slot are
-    /// written and flushed, then one fence (`hash.group.slot.fence`) orders
+    /// [`HashTable::put_group_blobs`] with the blobs written first (the
+    /// tests' shorthand; the engine takes its writer lock in between).
+    #[cfg(test)]
+    pub fn put_group(&self, items: &[(&[u8], &[u8])]) -> Vec<Result<bool>> {
+        self.put_group_blobs(items, self.write_blobs(items))
+    }
+
+    /// The blobs of a group's puts ([`HashTable::write_blob`] of each), to
+    /// write before any lock is taken.
+    pub fn write_blobs(&self, items: &[(&[u8], &[u8])]) -> Vec<Result<Blob>> {
+        items
+            .iter()
+            .map(|&(key, value)| self.write_blob(key, value, p::GROUP_BLOB_FLUSH))
+            .collect()
+    }
+
+    /// Inserts or replaces every pair of `items`, whose blobs
+    /// [`HashTable::write_blobs`] has written (a pair whose blob failed
+    /// fails with that error), as [`HashTable::put`] does, but as one
+    /// durable group: each put's slot is written and flushed, then one fence (`hash.group.slot.fence`) orders
     /// them all, then every bucket header the group changes is stored and
     /// flushed, then one fence (`hash.group.bucket.fence`), after which
     /// every put of the group is durable. Each put is still published by
@@ -310,26 +385,33 @@ impl<S: Space> HashTable<S> {
     ///   then runs alone as [`HashTable::put`].
     ///
     /// Returns one result per pair, in order: whether the key was new, or
-    /// why that put failed (it then wrote nothing; the others are not
-    /// affected). The crash simulator sees one operation boundary, after
+    /// why that put failed (it published nothing and its blob is freed;
+    /// the others are not affected). The crash simulator sees one operation boundary, after
     /// the whole group.
-    pub fn put_group(&self, items: &[(&[u8], &[u8])]) -> Vec<Result<bool>> {
+    pub fn put_group_blobs(&self, items: &[(&[u8], &[u8])], blobs: Vec<Result<Blob>>) -> Vec<Result<bool>> {
         let mut out = Vec::with_capacity(items.len());
         let mut st = self.state.write();
         let mut g = Group::default();
-        for &(key, value) in items {
-            if let Err(e) = check_lens(key, value) {
-                out.push(Err(e));
-                continue;
-            }
-            match self.stage(&mut st, &mut g, key, value) {
-                Ok(Some(new)) => out.push(Ok(new)),
+        for (&(key, value), blob) in items.iter().zip(blobs) {
+            let blob = match blob {
+                Ok(blob) => blob,
+                Err(e) => {
+                    out.push(Err(e));
+                    continue;
+                }
+            };
+            let r = match self.stage(&mut st, &mut g, key, value, blob) {
+                Ok(Some(new)) => Ok(new),
                 Ok(None) => {
                     self.commit(&mut st, &mut g);
-                    out.push(self.put_locked(&mut st, key, value, false));
+                    self.put_locked(&mut st, key, value, blob, false)
                 }
-                Err(e) => out.push(Err(e)),
+                Err(e) => Err(e),
+            };
+            if r.is_err() {
+                self.discard(blob);
             }
+            out.push(r);
         }
         self.commit(&mut st, &mut g);
         self.space.op_boundary();
@@ -339,7 +421,14 @@ impl<S: Space> HashTable<S> {
     /// Writes one put of a group into a free slot without publishing it
     /// (see [`HashTable::put_group`]). `None`: it cannot join the group
     /// (nothing was written).
-    fn stage<'k>(&self, st: &mut State, g: &mut Group<'k>, key: &'k [u8], value: &[u8]) -> Result<Option<bool>> {
+    fn stage<'k>(
+        &self,
+        st: &mut State,
+        g: &mut Group<'k>,
+        key: &'k [u8],
+        value: &[u8],
+        blob: Blob,
+    ) -> Result<Option<bool>> {
         if g.keys.contains(key) {
             return Ok(None);
         }
@@ -364,7 +453,7 @@ impl<S: Space> HashTable<S> {
         if found.iter().any(|f| f.bucket != b) {
             return Ok(None);
         }
-        let so = self.write_slot(st, b, i, key, value, p::GROUP_BLOB_FLUSH)?;
+        let so = self.write_slot(st, b, i, key, value, blob)?;
         self.space.flush(so, l::SLOT_BYTES, p::GROUP_SLOT_FLUSH);
         let mut new_hdr = hdr.with(i, l::fingerprint(h));
         for f in &found {
@@ -525,25 +614,16 @@ impl<S: Space> HashTable<S> {
         }
     }
 
-    /// Writes `key`'s entry, with the table's next version, into slot `i`
-    /// of bucket `b` (not yet published: its header bit is the caller's,
-    /// as are the slot's flush and fence), and its blob first when it
-    /// needs one (flushed at `blob_flush`). Returns the slot's offset.
-    fn write_slot(&self, st: &State, b: u64, i: usize, key: &[u8], value: &[u8], blob_flush: Point) -> Result<u64> {
+    /// Writes `key`'s entry, with the table's next version and its blob
+    /// (written by [`HashTable::write_blob`]), into slot `i` of bucket `b`
+    /// (not yet published: its header bit is the caller's, as are the
+    /// slot's flush and fence). Returns the slot's offset.
+    fn write_slot(&self, st: &State, b: u64, i: usize, key: &[u8], value: &[u8], blob: Blob) -> Result<u64> {
         let version = st.next_version;
         if version > l::VERSION_MAX {
             return Err(Error::Unsupported("hash table: entry versions exhausted".into()));
         }
-        let blob_off = match l::blob_bytes(key, value) {
-            Some(bytes) => {
-                let off = self.alloc.alloc(&*self.space, bytes.len() as u64)?;
-                self.space.write(off, &bytes);
-                self.space.flush(off, bytes.len() as u64, blob_flush);
-                off
-            }
-            None => 0,
-        };
-        let words = l::encode_slot(key, value, blob_off, version);
+        let words = l::encode_slot(key, value, blob.0, version);
         let so = b + l::slot_rel(i);
         self.space.write(so, &l::slot_to_bytes(&words));
         Ok(so)
@@ -656,6 +736,9 @@ impl<S: Space> HashTable<S> {
         self.alloc.free(seg);
         self.alloc.free(st.dir);
         self.free_blobs(&dropped);
+        if let Some(hook) = self.split_hook.lock().clone() {
+            hook();
+        }
         st.dir = dir;
         st.depth = depth;
         st.entries = entries;

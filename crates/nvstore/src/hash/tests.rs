@@ -4,6 +4,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::sync::Arc;
 
+use parking_lot::Mutex;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -11,7 +12,7 @@ use super::layout as l;
 use super::points;
 use super::table::HashTable;
 use crate::alloc::Allocator;
-use crate::format::header;
+use crate::format::{blob, header};
 use crate::pmem::sim::{CaptureConfig, OP_BOUNDARY};
 use crate::pmem::{SimSpace, Space, LINE};
 
@@ -252,6 +253,29 @@ struct Campaign {
 fn campaign(ops: &[Op], seed: u64, drop: Option<&str>, stop_early: bool) -> Campaign {
     let (space, alloc) = pool();
     let t = HashTable::create(space.clone(), alloc.clone(), ROOT).unwrap();
+    // Other writers: a put writes its blob before taking the writer lock,
+    // so a concurrent writer may take the blocks a split frees the moment
+    // they are freed, and write over them before this thread's next
+    // fence. At every split the hook does what such writers would: it
+    // allocates blobs of each directory size (the freed directory's block
+    // among them) and writes and flushes them. Their puts never publish
+    // (the blobs are freed after the operation), so no key changes; what
+    // the campaign checks is that the old table, which a crash before the
+    // new root is durable brings back, was not overwritten.
+    let others: Arc<Mutex<Vec<u64>>> = Arc::default();
+    {
+        let (space, alloc, others) = (space.clone(), alloc.clone(), others.clone());
+        t.set_split_hook(Some(Arc::new(move || {
+            for depth in 0..=l::MAX_DEPTH.min(8) {
+                let len = l::dir_bytes(depth);
+                if let Ok(off) = alloc.alloc(&*space, len) {
+                    let filler = vec![0xb1; (len - blob::DATA_OFF) as usize];
+                    blob::write(&*space, off, &[], &filler, points::BLOB_FLUSH);
+                    others.lock().push(off);
+                }
+            }
+        })));
+    }
     space.set_drop(drop.map(str::to_string));
     space.set_capture(Some(CaptureConfig {
         seed,
@@ -297,6 +321,9 @@ fn campaign(ops: &[Op], seed: u64, drop: Option<&str>, stop_early: bool) -> Camp
                 c.violations
                     .push(format!("op {n} {op:?}, {} image at {}: {v}", img.kind, img.point));
             }
+        }
+        for off in others.lock().drain(..) {
+            alloc.free(off);
         }
         if stop_early && !c.violations.is_empty() {
             break;

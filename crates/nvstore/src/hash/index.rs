@@ -11,9 +11,13 @@
 //!   down, and a node is never revisited.
 //! - Readers never block (KVS B+Tree index §2: "search operations and range
 //!   queries are not delayed"). Inner nodes are immutable: a writer that
-//!   changes the tree's shape (a split, a merge, a borrow) or removes or
-//!   replaces an entry copies the nodes on its path (copy-on-write) and
-//!   publishes a new root with one atomic pointer swap (`arc-swap`).
+//!   changes the tree's shape (a split, a merge, a borrow) or replaces an
+//!   entry copies the nodes on its path (copy-on-write) and publishes a new
+//!   root with one atomic pointer swap (`arc-swap`).
+//! - A removal whose path needs no merge or borrow (every node below the
+//!   root above its minimum) copies nothing either: it marks the entry's
+//!   slot dead in its leaf, and the dead entry is dropped when the leaf is
+//!   next copied. Only a removal from a node at its minimum copies the path.
 //! - An insert of a new key whose path needs no split (most inserts) copies
 //!   nothing: leaves are append-only. A leaf holds its entries in slots that
 //!   are each set once (`OnceLock`) behind a published count; the sorted
@@ -195,64 +199,116 @@ enum Node<V> {
 /// Only the writer appends (under the writer lock); a slot is set before
 /// `len` is raised past it (release), so a reader that loads `len`
 /// (acquire) finds every slot below it set.
+///
+/// A removal that needs no rebalancing marks its slot dead (`dead`, one
+/// bit per slot) instead of copying the leaf; dead slots are skipped by
+/// every lookup and dropped when the leaf is next copied. A key removed
+/// and inserted again is appended anew, its bit set before the append's
+/// `len` store, so a reader that sees the new entry also sees the old one
+/// dead (never both live).
+///
+/// The entries a leaf is built with are a plain boxed slice (`base`); only
+/// the slots for appends are set-once cells (`tail`). Building a leaf (a
+/// split, borrow or merge builds several) thus costs no per-slot atomic
+/// state, and an append costs one `OnceLock::set`.
 struct Leaf<V> {
-    slots: Box<[OnceLock<(Key, V)>]>,
+    /// The sorted entries the leaf was built with (`sorted` of them).
+    base: Box<[(Key, V)]>,
+    /// Slot `sorted + j` is `tail[j]`.
+    tail: Box<[OnceLock<(Key, V)>]>,
     sorted: usize,
+    cap: usize,
     len: AtomicUsize,
+    dead: Box<[AtomicU64]>,
+    /// Slots marked dead.
+    removed: AtomicUsize,
 }
 
 impl<V: Clone> Leaf<V> {
     /// A leaf of `cap` slots holding `entries` (ascending, at most `cap`).
     fn new(cap: usize, entries: Vec<(Key, V)>) -> Leaf<V> {
-        debug_assert!(entries.len() <= cap);
+        assert!(
+            entries.len() <= cap,
+            "a leaf of {cap} slots built with {} entries",
+            entries.len()
+        );
         let n = entries.len();
-        let mut it = entries.into_iter();
-        let slots = (0..cap)
-            .map(|_| it.next().map_or_else(OnceLock::new, OnceLock::from))
-            .collect();
         Leaf {
-            slots,
+            base: entries.into_boxed_slice(),
+            tail: (n..cap).map(|_| OnceLock::new()).collect(),
             sorted: n,
+            cap,
             len: AtomicUsize::new(n),
+            dead: (0..cap.div_ceil(64)).map(|_| AtomicU64::new(0)).collect(),
+            removed: AtomicUsize::new(0),
         }
     }
 
+    /// Slots in use, dead ones included.
     fn len(&self) -> usize {
         self.len.load(Ordering::Acquire)
     }
 
     fn cap(&self) -> usize {
-        self.slots.len()
+        self.cap
+    }
+
+    /// Entries not removed (what the tree's occupancy rules count).
+    fn live(&self) -> usize {
+        self.len() - self.removed.load(Ordering::Acquire)
+    }
+
+    /// Whether every slot is used (live or dead): nothing can be appended.
+    fn full(&self) -> bool {
+        self.len() == self.cap()
+    }
+
+    fn is_dead(&self, i: usize) -> bool {
+        self.dead[i / 64].load(Ordering::Acquire) & (1 << (i % 64)) != 0
+    }
+
+    /// Marks slot `i` removed. Only the writer calls this, under the
+    /// writer lock.
+    fn kill(&self, i: usize) {
+        debug_assert!(!self.is_dead(i));
+        self.dead[i / 64].fetch_or(1 << (i % 64), Ordering::Release);
+        self.removed.fetch_add(1, Ordering::Release);
     }
 
     /// Slot `i`, below a `len` this thread has loaded.
     fn entry(&self, i: usize) -> &(Key, V) {
-        self.slots[i]
-            .get()
-            .expect("a slot is set before the leaf's length is published past it")
+        match i.checked_sub(self.sorted) {
+            None => &self.base[i],
+            Some(j) => self.tail[j]
+                .get()
+                .expect("a slot is set before the leaf's length is published past it"),
+        }
     }
 
     /// The slots of the entries published now, in key order: the sorted
     /// ones merged with the appended ones, sorted here.
     fn order(&self) -> Vec<usize> {
+        // `len` first: the dead bits of what it publishes are then visible.
         let n = self.len();
-        if self.sorted == n {
+        let live = |i: &usize| !self.is_dead(*i);
+        if self.sorted == n && self.removed.load(Ordering::Acquire) == 0 {
             return (0..n).collect();
         }
-        let mut tail: Vec<usize> = (self.sorted..n).collect();
+        let head: Vec<usize> = (0..self.sorted).filter(live).collect();
+        let mut tail: Vec<usize> = (self.sorted..n).filter(live).collect();
         tail.sort_unstable_by(|&a, &b| self.entry(a).0.cmp(&self.entry(b).0));
-        let mut out = Vec::with_capacity(n);
+        let mut out = Vec::with_capacity(head.len() + tail.len());
         let (mut i, mut j) = (0, 0);
-        while i < self.sorted && j < tail.len() {
-            if self.entry(i).0 < self.entry(tail[j]).0 {
-                out.push(i);
+        while i < head.len() && j < tail.len() {
+            if self.entry(head[i]).0 < self.entry(tail[j]).0 {
+                out.push(head[i]);
                 i += 1;
             } else {
                 out.push(tail[j]);
                 j += 1;
             }
         }
-        out.extend(i..self.sorted);
+        out.extend_from_slice(&head[i..]);
         out.extend_from_slice(&tail[j..]);
         out
     }
@@ -260,17 +316,28 @@ impl<V: Clone> Leaf<V> {
     /// The slot holding `key`, if published.
     fn find(&self, key: &Probe<'_>) -> Option<usize> {
         let n = self.len();
-        self.slots[..self.sorted]
-            .binary_search_by(|s| s.get().expect("sorted slots are set").0.cmp_probe(key))
-            .ok()
-            .or_else(|| (self.sorted..n).find(|&i| self.entry(i).0.is(key)))
+        let (mut lo, mut hi) = (0, self.sorted);
+        let mut hit = None;
+        while lo < hi {
+            let mid = (lo + hi) / 2;
+            match self.entry(mid).0.cmp_probe(key) {
+                std::cmp::Ordering::Less => lo = mid + 1,
+                std::cmp::Ordering::Greater => hi = mid,
+                std::cmp::Ordering::Equal => {
+                    hit = Some(mid);
+                    break;
+                }
+            }
+        }
+        hit.filter(|&i| !self.is_dead(i))
+            .or_else(|| (self.sorted..n).find(|&i| !self.is_dead(i) && self.entry(i).0.is(key)))
     }
 
-    /// Appends an entry whose key the leaf lacks; the leaf has room. Only
-    /// the writer calls this, under the writer lock.
+    /// Appends an entry whose key the leaf lacks; the leaf has a free
+    /// slot. Only the writer calls this, under the writer lock.
     fn append(&self, key: Key, val: V) {
         let i = self.len.load(Ordering::Relaxed);
-        let fresh = self.slots[i].set((key, val)).is_ok();
+        let fresh = self.tail[i - self.sorted].set((key, val)).is_ok();
         debug_assert!(fresh, "slot {i} was already set");
         self.len.store(i + 1, Ordering::Release);
     }
@@ -284,10 +351,23 @@ impl<V: Clone> Leaf<V> {
     /// no reader can see: the writer's own copy).
     fn take(&mut self) -> Vec<(Key, V)> {
         let n = std::mem::take(self.len.get_mut());
-        let mut e: Vec<(Key, V)> = self.slots[..n]
-            .iter_mut()
-            .map(|s| s.take().expect("slots below the length are set"))
-            .collect();
+        let dead: Vec<u64> = self.dead.iter_mut().map(|w| std::mem::take(w.get_mut())).collect();
+        let removed = std::mem::take(self.removed.get_mut());
+        let mut e = std::mem::take(&mut self.base).into_vec();
+        let tail = std::mem::take(&mut self.tail);
+        e.extend(
+            tail.into_vec()
+                .into_iter()
+                .take(n - self.sorted)
+                .map_while(OnceLock::into_inner),
+        );
+        if removed > 0 {
+            let mut i = 0;
+            e.retain(|_| {
+                i += 1;
+                dead[(i - 1) / 64] & (1 << ((i - 1) % 64)) == 0
+            });
+        }
         if self.sorted < n {
             e.sort_by(|a, b| a.0.cmp(&b.0));
         }
@@ -297,11 +377,11 @@ impl<V: Clone> Leaf<V> {
 
     /// Fills an empty leaf (after [`Leaf::take`]) with `entries`, ascending.
     fn put(&mut self, entries: Vec<(Key, V)>) {
-        debug_assert!(*self.len.get_mut() == 0 && entries.len() <= self.cap());
+        let cap = self.cap();
+        assert!(*self.len.get_mut() == 0 && entries.len() <= cap);
         let n = entries.len();
-        for (slot, e) in self.slots.iter_mut().zip(entries) {
-            *slot = OnceLock::from(e);
-        }
+        self.base = entries.into_boxed_slice();
+        self.tail = (n..cap).map(|_| OnceLock::new()).collect();
         self.sorted = n;
         *self.len.get_mut() = n;
     }
@@ -323,7 +403,7 @@ impl<V: Clone> Clone for Node<V> {
 impl<V: Clone> Node<V> {
     fn size(&self) -> usize {
         match self {
-            Node::Leaf(leaf) => leaf.len(),
+            Node::Leaf(leaf) => leaf.live(),
             Node::Inner { kids, .. } => kids.len(),
         }
     }
@@ -498,7 +578,7 @@ impl<V: Clone + Send + Sync + 'static> Index<V> {
                         return None;
                     }
                 }
-                Node::Leaf(leaf) => return (new || leaf.find(key).is_none()).then_some(leaf),
+                Node::Leaf(leaf) => return (!leaf.full() && (new || leaf.find(key).is_none())).then_some(leaf),
             }
         }
     }
@@ -535,8 +615,10 @@ impl<V: Clone + Send + Sync + 'static> Index<V> {
                     }
                     // A leaf with room that lacks the key takes it in
                     // place, uncopied (its key range is unchanged).
+                    // (A leaf whose slots are used up by dead entries is
+                    // copied instead, which drops them.)
                     if let Node::Leaf(leaf) = &*kids[i] {
-                        if new || leaf.find(key).is_none() {
+                        if !leaf.full() && (new || leaf.find(key).is_none()) {
                             leaf.append(key.key(), val);
                             return None;
                         }
@@ -567,6 +649,16 @@ impl<V: Clone + Send + Sync + 'static> Index<V> {
         if !self.contains(&cur, key) {
             return None;
         }
+        // Every node below the root on the path above its minimum: nothing
+        // to rebalance, so the entry is marked dead in place; nothing is
+        // copied or published.
+        if let Some(leaf) = self.above_minimum(&cur, key) {
+            let i = leaf.find(key).expect("the key is in the tree");
+            let old = leaf.entry(i).1.clone();
+            leaf.kill(i);
+            self.len.fetch_sub(1, Ordering::AcqRel);
+            return Some(old);
+        }
         let mut root = (*cur).clone();
         let old = self.remove_in(&mut root, key)?;
         // A root left with one child gives way to it.
@@ -579,6 +671,23 @@ impl<V: Clone + Send + Sync + 'static> Index<V> {
         self.root.store(Arc::new(root));
         self.len.fetch_sub(1, Ordering::AcqRel);
         Some(old)
+    }
+
+    /// The leaf `key` routes to, if every node below the root on its path
+    /// is above its minimum (a removal then changes no node's shape).
+    fn above_minimum<'a>(&self, root: &'a Node<V>, key: &Probe<'_>) -> Option<&'a Leaf<V>> {
+        let mut node = root;
+        loop {
+            match node {
+                Node::Inner { keys, kids } => {
+                    node = &kids[child(keys, key)];
+                    if node.size() <= self.min(node) {
+                        return None;
+                    }
+                }
+                Node::Leaf(leaf) => return Some(leaf),
+            }
+        }
     }
 
     fn remove_in(&self, mut node: &mut Node<V>, key: &Probe<'_>) -> Option<V> {
@@ -609,42 +718,58 @@ impl<V: Clone + Send + Sync + 'static> Index<V> {
     /// a sibling above the minimum, else merges it with a sibling. Returns
     /// the index of the child now holding `i`'s range.
     fn refill(&self, keys: &mut Vec<Key>, kids: &mut Vec<Arc<Node<V>>>, i: usize) -> usize {
+        // A borrow evens the two siblings out (half the difference moves),
+        // so the next removals from child `i` find it above the minimum
+        // and mark in place, instead of borrowing one entry each time.
         let min = self.min(&kids[i]);
         if i > 0 && kids[i - 1].size() > min {
+            let k = (kids[i - 1].size() - kids[i].size()).div_ceil(2);
             let (l, r) = kids.split_at_mut(i);
             let (left, me) = (Arc::make_mut(&mut l[i - 1]), Arc::make_mut(&mut r[0]));
             match (left, me) {
                 (Node::Leaf(left), Node::Leaf(me)) => {
-                    let (mut lk, mut mk) = (left.take(), me.take());
-                    mk.insert(0, lk.pop().expect("above minimum"));
-                    keys[i - 1] = mk[0].0.clone();
+                    let (mut lk, mk) = (left.take(), me.take());
+                    let mut moved = lk.split_off(lk.len() - k);
+                    moved.extend(mk);
+                    keys[i - 1] = moved[0].0.clone();
                     left.put(lk);
-                    me.put(mk);
+                    me.put(moved);
                 }
                 (Node::Inner { keys: lk, kids: lc }, Node::Inner { keys: mk, kids: mc }) => {
-                    mc.insert(0, lc.pop().expect("above minimum"));
-                    let sep = lk.pop().expect("above minimum");
-                    mk.insert(0, std::mem::replace(&mut keys[i - 1], sep));
+                    // The last k children move over; the separator comes
+                    // down in front of the keys that move with them, and
+                    // the key before them goes up.
+                    let mut moved_kids = lc.split_off(lc.len() - k);
+                    let mut moved_keys = lk.split_off(lk.len() - (k - 1));
+                    let up = lk.pop().expect("above minimum");
+                    moved_keys.push(std::mem::replace(&mut keys[i - 1], up));
+                    moved_keys.append(mk);
+                    moved_kids.append(mc);
+                    *mk = moved_keys;
+                    *mc = moved_kids;
                 }
                 _ => unreachable!("siblings are at the same height"),
             }
             return i;
         }
         if i + 1 < kids.len() && kids[i + 1].size() > min {
+            let k = (kids[i + 1].size() - kids[i].size()).div_ceil(2);
             let (l, r) = kids.split_at_mut(i + 1);
             let (me, right) = (Arc::make_mut(&mut l[i]), Arc::make_mut(&mut r[0]));
             match (me, right) {
                 (Node::Leaf(me), Node::Leaf(right)) => {
                     let (mut mk, mut rk) = (me.take(), right.take());
-                    mk.push(rk.remove(0));
+                    mk.extend(rk.drain(..k));
                     keys[i] = rk[0].0.clone();
                     me.put(mk);
                     right.put(rk);
                 }
                 (Node::Inner { keys: mk, kids: mc }, Node::Inner { keys: rk, kids: rc }) => {
-                    mc.push(rc.remove(0));
-                    let sep = rk.remove(0);
-                    mk.push(std::mem::replace(&mut keys[i], sep));
+                    mc.extend(rc.drain(..k));
+                    let up = rk[k - 1].clone();
+                    mk.push(std::mem::replace(&mut keys[i], up));
+                    mk.extend(rk.drain(..k - 1));
+                    rk.remove(0);
                 }
                 _ => unreachable!("siblings are at the same height"),
             }

@@ -284,6 +284,113 @@ fn inserts_append_in_place_until_a_split() {
 }
 
 #[test]
+fn removals_mark_in_place_until_a_node_reaches_its_minimum() {
+    let index = Index::new(8);
+    for i in 0..8u32 {
+        index.insert_new(&[i as u8 * 2], i);
+    }
+    // The root leaf, full: removing marks slots dead, the same leaf stays.
+    let before = index.root.load_full();
+    assert_eq!(index.remove(&[4]), Some(2));
+    assert_eq!(index.remove(&[5]), None);
+    assert!(Arc::ptr_eq(&before, &index.root.load_full()));
+    let Node::Leaf(leaf) = &*before else {
+        panic!("a root leaf")
+    };
+    assert_eq!((leaf.len(), leaf.live()), (8, 7));
+    assert_eq!(index.get(&[4]), None);
+    index.check().unwrap();
+    // Inserted again while every slot is used: the leaf is copied, which
+    // drops the dead entry, and then takes the key.
+    index.insert_new(&[4], 20);
+    let after = index.root.load_full();
+    assert!(!Arc::ptr_eq(&before, &after));
+    let Node::Leaf(copy) = &*after else {
+        panic!("still a root leaf")
+    };
+    assert_eq!((copy.len(), copy.live()), (8, 8));
+    assert_eq!(index.get(&[4]), Some(20));
+    index.check().unwrap();
+
+    // Below the root: in place while the leaf is above its minimum, by a
+    // copy of the path once it is at it.
+    let index = Index::new(8);
+    for i in 0..40u32 {
+        index.insert_new(&i.to_be_bytes(), i);
+    }
+    let mut model: BTreeMap<Vec<u8>, u32> = (0..40u32).map(|i| (i.to_be_bytes().to_vec(), i)).collect();
+    let (mut in_place, mut copied) = (0, 0);
+    let mut rng = 7u64;
+    for _ in 0..400 {
+        rng = rng.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        let k = ((rng >> 33) % 48) as u32;
+        let key = k.to_be_bytes();
+        let root = index.root.load_full();
+        if (rng >> 20).is_multiple_of(3) {
+            if !model.contains_key(&key[..]) {
+                index.insert_new(&key, k);
+                model.insert(key.to_vec(), k);
+            }
+        } else {
+            let want = model.remove(&key[..]);
+            assert_eq!(index.remove(&key), want);
+            if want.is_some() {
+                if Arc::ptr_eq(&root, &index.root.load_full()) {
+                    in_place += 1;
+                } else {
+                    copied += 1;
+                }
+            }
+        }
+        index.check().unwrap();
+        let got: Vec<(Vec<u8>, u32)> = index.range(Bound::Unbounded, Bound::Unbounded).collect();
+        let want: Vec<(Vec<u8>, u32)> = model.iter().map(|(k, v)| (k.clone(), *v)).collect();
+        assert_eq!(got, want);
+        let mut rev: Vec<(Vec<u8>, u32)> = index.range_rev(Bound::Unbounded, Bound::Unbounded).collect();
+        rev.reverse();
+        assert_eq!(rev, want);
+    }
+    assert!(in_place > 20 && copied > 5, "{in_place} in place, {copied} copied");
+}
+
+/// Deep trees of small nodes under random inserts and removals: borrows
+/// that move several entries or children at once keep every invariant.
+#[test]
+fn random_removals_keep_a_deep_tree_balanced() {
+    for (order, leaf) in [(4, 4), (5, 6), (8, 16)] {
+        let index = Index::with_leaves(order, leaf);
+        let mut model = BTreeMap::new();
+        let mut rng = order as u64;
+        for step in 0..6000u32 {
+            rng = rng.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            let k = ((rng >> 33) % 1500) as u32;
+            let key = k.to_be_bytes();
+            // Grow for a while, then mostly shrink, then grow again.
+            let insert_pct = match step {
+                0..2000 => 80,
+                2000..4500 => 25,
+                _ => 60,
+            };
+            if (rng >> 16) % 100 < insert_pct {
+                assert_eq!(index.insert(&key, step), model.insert(key.to_vec(), step));
+            } else {
+                assert_eq!(index.remove(&key), model.remove(&key[..]));
+            }
+            if step % 50 == 0 {
+                index
+                    .check()
+                    .unwrap_or_else(|e| panic!("order {order} leaf {leaf} step {step}: {e}"));
+                let got: Vec<(Vec<u8>, u32)> = index.range(Bound::Unbounded, Bound::Unbounded).collect();
+                let want: Vec<(Vec<u8>, u32)> = model.iter().map(|(k, v)| (k.clone(), *v)).collect();
+                assert_eq!(got, want, "order {order} leaf {leaf} step {step}");
+            }
+        }
+        index.check().unwrap();
+        assert_eq!(index.len(), model.len() as u64);
+    }
+}
+
+#[test]
 fn rebuilds_from_the_hash_table() {
     use crate::alloc::Allocator;
     use crate::format::header;

@@ -645,19 +645,19 @@ impl<V: Clone + Send + Sync + 'static> Index<V> {
         let key = &Probe::new(key);
         let _w = self.writer.lock();
         let cur = self.root.load_full();
-        // Absent: nothing is copied or published.
-        if !self.contains(&cur, key) {
-            return None;
-        }
         // Every node below the root on the path above its minimum: nothing
-        // to rebalance, so the entry is marked dead in place; nothing is
-        // copied or published.
+        // to rebalance, so the entry is marked dead in place (or is absent);
+        // nothing is copied or published.
         if let Some(leaf) = self.above_minimum(&cur, key) {
-            let i = leaf.find(key).expect("the key is in the tree");
+            let i = leaf.find(key)?;
             let old = leaf.entry(i).1.clone();
             leaf.kill(i);
             self.len.fetch_sub(1, Ordering::AcqRel);
             return Some(old);
+        }
+        // Absent: nothing is copied or published.
+        if !self.contains(&cur, key) {
+            return None;
         }
         let mut root = (*cur).clone();
         let old = self.remove_in(&mut root, key)?;

@@ -156,9 +156,10 @@ fn readers_see_ordered_whole_entries_while_a_writer_works() {
     // Readers check what a range guarantees whatever the writer does:
     // strictly ascending keys, each with its own value.
     let stop = Arc::new(AtomicBool::new(false));
+    let done: Arc<[std::sync::atomic::AtomicU64; 2]> = Arc::default();
     let readers: Vec<_> = (0..2)
-        .map(|_| {
-            let (index, stop) = (index.clone(), stop.clone());
+        .map(|r| {
+            let (index, stop, done) = (index.clone(), stop.clone(), done.clone());
             std::thread::spawn(move || {
                 let mut scans = 0u64;
                 while !stop.load(Ordering::Relaxed) {
@@ -171,15 +172,23 @@ fn readers_see_ordered_whole_entries_while_a_writer_works() {
                     let rev: Vec<(Vec<u8>, u32)> = index.range_rev(Bound::Unbounded, Bound::Unbounded).collect();
                     assert!(rev.windows(2).all(|w| w[0].0 > w[1].0), "reverse range out of order");
                     scans += 1;
+                    done[r].fetch_add(1, Ordering::Relaxed);
                 }
                 scans
             })
         })
         .collect();
-    for round in 0..20u32 {
+    // At least 20 rounds, and on until each reader has scanned a few times
+    // while the writer works (bounded: a fast writer may finish 20 rounds
+    // before a reader thread starts).
+    let t0 = std::time::Instant::now();
+    let scanned = || done.iter().all(|n| n.load(Ordering::Relaxed) >= 3);
+    let mut round = 0u32;
+    while round < 20 || (!scanned() && t0.elapsed().as_secs() < 20) {
+        round += 1;
         for i in 0..300u32 {
             let k = (i * 7 + round) % 500;
-            if (i + round) % 3 == 0 {
+            if (i + round).is_multiple_of(3) {
                 index.remove(&k.to_be_bytes());
             } else {
                 index.insert(&k.to_be_bytes(), k);
@@ -239,7 +248,7 @@ fn ranges_see_every_key_present_throughout_while_a_writer_works() {
     for round in 0..30u32 {
         for i in 0..400u32 {
             let k = (2 * ((i * 7 + round) % 400) + 1).to_be_bytes();
-            if (i + round) % 3 == 0 {
+            if (i + round).is_multiple_of(3) {
                 index.remove(&k);
             } else {
                 index.insert(&k, 2);

@@ -139,6 +139,11 @@ pub const VERSION_MAX: u64 = (1 << VERSION_BITS) - 1;
 
 /// One slot: `[key_word, blob, value_word, meta]`.
 ///
+/// `key_word` is the key's bytes when it is inline, else the key's
+/// [`hash`] (0 in slots written before it was kept there, and read back by
+/// rehashing the blob's key): a segment split rehashes every entry, and
+/// with the hash in the slot it need not read each key out of its blob.
+/// Recovery checks it against the key.
 /// `meta = VALID | key_code | value_code << 4 | version << 8`, where a code
 /// of 0..=8 is an inline length and 15 means "in the blob". `VALID` makes
 /// an all-zero slot (never written, or lost) decode as invalid.
@@ -194,7 +199,11 @@ pub fn encode_slot(key: &[u8], value: &[u8], blob_off: u64, version: u64) -> Slo
         value_inline: inline(value),
         version,
     };
-    let kw = if key.len() <= INLINE_MAX { inline_word(key) } else { 0 };
+    let kw = if key.len() <= INLINE_MAX {
+        inline_word(key)
+    } else {
+        hash(key)
+    };
     let vw = if value.len() <= INLINE_MAX {
         inline_word(value)
     } else {

@@ -184,6 +184,9 @@ impl<S: Space> HashTable<S> {
                     }
                     let key = slot_key(space, &words, meta);
                     let h = l::hash(&key);
+                    if meta.key_inline.is_none() && words[0] != 0 && words[0] != h {
+                        return Err(corrupt(format!("slot {so} keeps a hash that is not its key's")));
+                    }
                     let home = l::home_bucket(h);
                     let placed = (0..l::PROBE).any(|d| (home + d) % l::SEGMENT_BUCKETS == b);
                     let mine = local == 0 || h >> (64 - local) == pattern;
@@ -573,6 +576,41 @@ impl<S: Space> HashTable<S> {
     }
 
     /// Every published slot of a segment: (bucket index, slot, entry, key).
+    /// Clears the kept hash of every out-of-line key, as in a pool written
+    /// before slots kept it (tests of reading such pools).
+    #[cfg(test)]
+    pub fn forget_key_hashes(&self) {
+        let st = self.state.read();
+        let segs: BTreeSet<u64> = st.entries.iter().map(|&e| l::entry_seg(e)).collect();
+        for seg in segs {
+            for f in self.segment_slots(seg).iter().filter(|f| f.meta.key_inline.is_none()) {
+                let so = f.bucket + l::slot_rel(f.slot);
+                self.space.store(so, 0);
+                self.space.persist(so, 8, p::SLOT_FLUSH, p::SLOT_FENCE);
+            }
+        }
+    }
+
+    /// Every published entry of segment `seg`, without its key.
+    fn segment_slots(&self, seg: u64) -> Vec<Found> {
+        let mut out = Vec::new();
+        for b in 0..l::SEGMENT_BUCKETS {
+            let bo = l::bucket_off(seg, b);
+            let hdr = BucketHeader(self.space.load(bo));
+            for i in (0..l::BUCKET_SLOTS).filter(|&i| hdr.valid(i)) {
+                let words = read_slot(&*self.space, bo + l::slot_rel(i));
+                let Some(meta) = Meta::decode(words[3]) else { continue };
+                out.push(Found {
+                    bucket: bo,
+                    slot: i,
+                    words,
+                    meta,
+                });
+            }
+        }
+        out
+    }
+
     fn segment_entries(&self, seg: u64) -> Vec<(u64, usize, Found, Vec<u8>)> {
         let mut out = Vec::new();
         for b in 0..l::SEGMENT_BUCKETS {
@@ -654,16 +692,28 @@ impl<S: Space> HashTable<S> {
                 l::MAX_DEPTH
             )));
         }
-        let mut newest: HashMap<Vec<u8>, Found> = HashMap::new();
+        // Each entry's hash, from its slot (no blob read for a key that
+        // keeps it there); copies of one key are told apart by reading the
+        // keys only where two entries share a hash.
+        let mut entries: Vec<(u64, Found)> = self
+            .segment_slots(seg)
+            .into_iter()
+            .map(|f| (slot_hash(&*self.space, &f.words, f.meta), f))
+            .collect();
+        entries.sort_unstable_by_key(|(h, _)| *h);
+        let mut newest: Vec<(u64, Found)> = Vec::with_capacity(entries.len());
         let mut dropped = Vec::new();
-        for (_, _, found, key) in self.segment_entries(seg) {
-            match newest.get(&key) {
-                Some(old) if old.meta.version > found.meta.version => dropped.push(found),
-                _ => {
-                    if let Some(old) = newest.insert(key, found) {
-                        dropped.push(old);
-                    }
-                }
+        let mut run_start = 0;
+        for (h, f) in entries {
+            if newest.last().is_none_or(|(last, _)| *last != h) {
+                run_start = newest.len();
+            }
+            let key = |f: &Found| slot_key(&*self.space, &f.words, f.meta);
+            let same = newest[run_start..].iter().position(|(_, g)| key(g) == key(&f));
+            match same {
+                Some(j) if newest[run_start + j].1.meta.version > f.meta.version => dropped.push(f),
+                Some(j) => dropped.push(std::mem::replace(&mut newest[run_start + j].1, f)),
+                None => newest.push((h, f)),
             }
         }
         let mut halves = [
@@ -671,8 +721,7 @@ impl<S: Space> HashTable<S> {
             vec![0u8; l::SEGMENT_BYTES as usize],
         ];
         let mut headers = [[BucketHeader::default(); l::SEGMENT_BUCKETS as usize]; 2];
-        for (key, f) in &newest {
-            let kh = l::hash(key);
+        for &(kh, f) in &newest {
             let half = l::split_bit(kh, local) as usize;
             let rel = (f.bucket - seg) as usize;
             let so = rel + l::slot_rel(f.slot) as usize;
@@ -793,6 +842,15 @@ fn slot_key<S: Space>(s: &S, w: &Slot, meta: Meta) -> Vec<u8> {
             s.read(blob::key_at(w[1]), &mut k);
             k
         }
+    }
+}
+
+/// The [`l::hash`] of a slot's key: kept in the slot for a key out of
+/// line (see [`l::Slot`]), else computed.
+fn slot_hash<S: Space>(s: &S, w: &Slot, meta: Meta) -> u64 {
+    match meta.key_inline {
+        None if w[0] != 0 => w[0],
+        _ => l::hash(&slot_key(s, w, meta)),
     }
 }
 

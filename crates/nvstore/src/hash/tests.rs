@@ -103,6 +103,53 @@ fn matches_a_map_through_splits_and_reopen() {
     assert_eq!(leaks(&*img, &alloc2, &t2), Vec::<String>::new());
 }
 
+/// Slots written before an out-of-line key's hash was kept in the slot
+/// hold 0 there: such a table reopens, splits (rehashing those keys from
+/// their blobs) and reads back whole; a kept hash that is not the key's is
+/// refused at open.
+#[test]
+fn slots_without_a_kept_hash_still_split_and_a_wrong_one_is_refused() {
+    let (space, alloc) = pool();
+    let t = HashTable::create(space.clone(), alloc.clone(), ROOT).unwrap();
+    let mut model = BTreeMap::new();
+    let mut rng = StdRng::seed_from_u64(5);
+    for i in 0..120u32 {
+        let (k, v) = (key(i), value(&mut rng));
+        t.put(&k, &v).unwrap();
+        model.insert(k, v);
+    }
+    t.forget_key_hashes();
+    let img = Arc::new(SimSpace::from_image(space.persisted_image()));
+    let scan = HashTable::recover(&*img, ROOT).unwrap();
+    let alloc2 = Arc::new(Allocator::rebuild(&*img, CHUNK, DATA_START, &scan.reachable).unwrap());
+    let t2 = HashTable::open(img.clone(), alloc2.clone(), ROOT, scan);
+    let splits = t2.splits();
+    for i in 120..600u32 {
+        let (k, v) = (key(i), value(&mut rng));
+        t2.put(&k, &v).unwrap();
+        model.insert(k, v);
+    }
+    assert!(t2.splits() > splits + 3, "the old entries were split again");
+    assert_eq!(contents(&t2), model);
+    assert_eq!(leaks(&*img, &alloc2, &t2), Vec::<String>::new());
+
+    // A kept hash that is wrong: the open names the slot.
+    let (space, alloc) = pool();
+    let t = HashTable::create(space.clone(), alloc, ROOT).unwrap();
+    t.put(&key(3), b"v").unwrap();
+    let data = space.persisted_image();
+    let long = key(3);
+    let want = l::hash(&long).to_le_bytes();
+    let at = data
+        .windows(8)
+        .position(|w| w == want)
+        .expect("the kept hash is in the pool");
+    let mut bad = data.clone();
+    bad[at] ^= 1;
+    let err = HashTable::recover(&SimSpace::from_image(bad), ROOT).unwrap_err();
+    assert!(err.to_string().contains("keeps a hash that is not its key's"), "{err}");
+}
+
 #[test]
 fn empty_keys_and_values_and_update_in_full_bucket() {
     let (space, alloc) = pool();

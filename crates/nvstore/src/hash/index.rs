@@ -220,8 +220,6 @@ struct Leaf<V> {
     cap: usize,
     len: AtomicUsize,
     dead: Box<[AtomicU64]>,
-    /// Slots marked dead.
-    removed: AtomicUsize,
 }
 
 impl<V: Clone> Leaf<V> {
@@ -240,7 +238,6 @@ impl<V: Clone> Leaf<V> {
             cap,
             len: AtomicUsize::new(n),
             dead: (0..cap.div_ceil(64)).map(|_| AtomicU64::new(0)).collect(),
-            removed: AtomicUsize::new(0),
         }
     }
 
@@ -255,12 +252,20 @@ impl<V: Clone> Leaf<V> {
 
     /// Entries not removed (what the tree's occupancy rules count).
     fn live(&self) -> usize {
-        self.len() - self.removed.load(Ordering::Acquire)
+        self.len() - self.removed()
     }
 
     /// Whether every slot is used (live or dead): nothing can be appended.
     fn full(&self) -> bool {
         self.len() == self.cap()
+    }
+
+    /// Slots marked dead.
+    fn removed(&self) -> usize {
+        self.dead
+            .iter()
+            .map(|w| w.load(Ordering::Acquire).count_ones() as usize)
+            .sum()
     }
 
     fn is_dead(&self, i: usize) -> bool {
@@ -272,7 +277,6 @@ impl<V: Clone> Leaf<V> {
     fn kill(&self, i: usize) {
         debug_assert!(!self.is_dead(i));
         self.dead[i / 64].fetch_or(1 << (i % 64), Ordering::Release);
-        self.removed.fetch_add(1, Ordering::Release);
     }
 
     /// Slot `i`, below a `len` this thread has loaded.
@@ -291,7 +295,7 @@ impl<V: Clone> Leaf<V> {
         // `len` first: the dead bits of what it publishes are then visible.
         let n = self.len();
         let live = |i: &usize| !self.is_dead(*i);
-        if self.sorted == n && self.removed.load(Ordering::Acquire) == 0 {
+        if self.sorted == n && self.removed() == 0 {
             return (0..n).collect();
         }
         let head: Vec<usize> = (0..self.sorted).filter(live).collect();
@@ -316,19 +320,7 @@ impl<V: Clone> Leaf<V> {
     /// The slot holding `key`, if published.
     fn find(&self, key: &Probe<'_>) -> Option<usize> {
         let n = self.len();
-        let (mut lo, mut hi) = (0, self.sorted);
-        let mut hit = None;
-        while lo < hi {
-            let mid = (lo + hi) / 2;
-            match self.entry(mid).0.cmp_probe(key) {
-                std::cmp::Ordering::Less => lo = mid + 1,
-                std::cmp::Ordering::Greater => hi = mid,
-                std::cmp::Ordering::Equal => {
-                    hit = Some(mid);
-                    break;
-                }
-            }
-        }
+        let hit = self.base.binary_search_by(|e| e.0.cmp_probe(key)).ok();
         hit.filter(|&i| !self.is_dead(i))
             .or_else(|| (self.sorted..n).find(|&i| !self.is_dead(i) && self.entry(i).0.is(key)))
     }
@@ -352,7 +344,6 @@ impl<V: Clone> Leaf<V> {
     fn take(&mut self) -> Vec<(Key, V)> {
         let n = std::mem::take(self.len.get_mut());
         let dead: Vec<u64> = self.dead.iter_mut().map(|w| std::mem::take(w.get_mut())).collect();
-        let removed = std::mem::take(self.removed.get_mut());
         let mut e = std::mem::take(&mut self.base).into_vec();
         let tail = std::mem::take(&mut self.tail);
         e.extend(
@@ -361,7 +352,7 @@ impl<V: Clone> Leaf<V> {
                 .take(n - self.sorted)
                 .map_while(OnceLock::into_inner),
         );
-        if removed > 0 {
+        if dead.iter().any(|&w| w != 0) {
             let mut i = 0;
             e.retain(|_| {
                 i += 1;

@@ -523,7 +523,8 @@ impl<S: Space> HashTable<S> {
                 continue;
             }
             let mut newest: HashMap<Vec<u8>, Found> = HashMap::new();
-            for (_, _, found, key) in self.segment_entries(seg) {
+            for found in self.segment_slots(seg) {
+                let key = slot_key(&*self.space, &found.words, found.meta);
                 match newest.get(&key) {
                     Some(old) if old.meta.version > found.meta.version => {}
                     _ => {
@@ -606,27 +607,6 @@ impl<S: Space> HashTable<S> {
                     words,
                     meta,
                 });
-            }
-        }
-        out
-    }
-
-    fn segment_entries(&self, seg: u64) -> Vec<(u64, usize, Found, Vec<u8>)> {
-        let mut out = Vec::new();
-        for b in 0..l::SEGMENT_BUCKETS {
-            let bo = l::bucket_off(seg, b);
-            let hdr = BucketHeader(self.space.load(bo));
-            for i in (0..l::BUCKET_SLOTS).filter(|&i| hdr.valid(i)) {
-                let words = read_slot(&*self.space, bo + l::slot_rel(i));
-                let Some(meta) = Meta::decode(words[3]) else { continue };
-                let key = slot_key(&*self.space, &words, meta);
-                let found = Found {
-                    bucket: bo,
-                    slot: i,
-                    words,
-                    meta,
-                };
-                out.push((b, i, found, key));
             }
         }
         out

@@ -86,3 +86,63 @@ fn without_the_ordered_index_ranges_are_unsupported() {
     assert_eq!(db.recovery().kind, RecoveryKind::Rebuild);
     assert_eq!(db.iter().count(), 1);
 }
+
+/// Writers racing on the same few keys (puts, grouped puts, deletes) leave
+/// the ordered index holding exactly the table's keys: a put hands its
+/// table lock over to the index's lock, so a delete that follows it in the
+/// table also follows it in the index. Checked while the writers run
+/// (`check` holds both locks) and after.
+#[test]
+fn racing_writers_of_the_same_keys_keep_the_index_equal_to_the_table() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::create(dir.path().join("race.pool"), hash_opts()).unwrap();
+    let db = std::sync::Arc::new(db);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let writers: Vec<_> = (0..3u64)
+        .map(|t| {
+            let db = db.clone();
+            std::thread::spawn(move || {
+                let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ t;
+                for _ in 0..30_000 {
+                    if std::time::Instant::now() > deadline {
+                        break;
+                    }
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    let k = format!("k{:02}", x % 24).into_bytes();
+                    match (x >> 8) % 4 {
+                        0 | 1 => {
+                            db.delete(&k).unwrap();
+                        }
+                        2 => db.put(&k, b"v").unwrap(),
+                        _ => {
+                            let k2 = format!("k{:02}", (x >> 16) % 24).into_bytes();
+                            for r in db.put_many(&[(&k, b"w"), (&k2, b"w")]) {
+                                r.unwrap();
+                            }
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    let mut checks = 0;
+    while writers.iter().any(|w| !w.is_finished()) {
+        let r = db.check();
+        assert!(r.ok, "while writing: {:?}", r.problems);
+        checks += 1;
+    }
+    for w in writers {
+        w.join().unwrap();
+    }
+    let r = db.check();
+    assert!(r.ok, "{:?}", r.problems);
+    assert!(checks > 0);
+    let listed: Vec<Vec<u8>> = db.iter().map(|(k, _)| k).collect();
+    let present: Vec<Vec<u8>> = (0..24)
+        .map(|i| format!("k{i:02}").into_bytes())
+        .filter(|k| db.get(k).unwrap().is_some())
+        .collect();
+    assert_eq!(listed, present);
+}

@@ -36,7 +36,7 @@ use std::ops::Bound as RB;
 use std::sync::Arc;
 use std::time::Instant;
 
-use parking_lot::Mutex;
+use parking_lot::{Mutex, MutexGuard};
 
 use super::index::{self, Index};
 use super::table::HashTable;
@@ -175,15 +175,28 @@ impl<S: Space> HashEngine<S> {
         // The value is copied into the pool before the writer lock, so
         // concurrent puts copy in parallel (see `HashTable::write_blob`).
         let blob = self.table.write_blob(key, value, super::points::BLOB_FLUSH)?;
-        let _w = self.writer.lock();
+        let w = self.writer.lock();
         // An update leaves the index as it is: it already holds the key. A
-        // key the table reports as new is not in the index either (both
-        // change under this lock), so the index need not look for it.
+        // key the table reports as new is not in the index either (see
+        // `index_after`), so the index need not look for it.
         let new = self.table.put_blob(key, value, blob)?;
         if new && self.indexed {
-            self.index.insert_new(key, ());
+            self.index_after(w).insert_new(key, ());
         }
         Ok(())
+    }
+
+    /// Hands over from the table's writer lock `w` to the index's: the
+    /// index's lock is taken before `w` is let go, so index changes come
+    /// in the order of the table changes they follow (a delete of a key
+    /// that a put has just added to the table removes it from the index
+    /// after the put has inserted it), while the next writer's table work
+    /// runs beside this one's index change. Anything that reads the table
+    /// and the index as one (`check`, `close_clean`) holds both locks.
+    fn index_after(&self, w: MutexGuard<'_, ()>) -> index::Writer<'_, ()> {
+        let iw = self.index.writer();
+        drop(w);
+        iw
     }
 
     /// Stores every pair of `pairs` as one durable group (see
@@ -202,13 +215,14 @@ impl<S: Space> HashEngine<S> {
             return out;
         }
         let blobs = self.table.write_blobs(&valid);
-        let _w = self.writer.lock();
+        let w = self.writer.lock();
         let mut done = self.table.put_group_blobs(&valid, blobs).into_iter().zip(&valid);
+        let index = self.indexed.then(|| self.index_after(w));
         for r in out.iter_mut().filter(|r| r.is_ok()) {
             let (res, (key, _)) = done.next().expect("one result per valid pair");
             *r = res.map(|new| {
-                if new && self.indexed {
-                    self.index.insert_new(key, ());
+                if let (true, Some(index)) = (new, &index) {
+                    index.insert_new(key, ());
                 }
             });
         }
@@ -252,6 +266,7 @@ impl<S: Space> HashEngine<S> {
     /// reachable from the table or free (no leak, no double use).
     pub fn check(&self, h: &Header, path: &std::path::Path) -> CheckReport {
         let _w = self.writer.lock();
+        let _iw = self.index.writer();
         let mut r = CheckReport::default();
         let mut problems = Vec::new();
         let scan = match self.table.scan() {
@@ -309,6 +324,7 @@ impl<S: Space> HashEngine<S> {
     /// mark is [`CLEAN_MARK`].
     pub fn close_clean(&self) -> Result<()> {
         let _w = self.writer.lock();
+        let _iw = self.index.writer();
         let s = &*self.space;
         let word = if self.indexed {
             save_image(s, &self.alloc, &self.index)?

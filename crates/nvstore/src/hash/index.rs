@@ -59,12 +59,18 @@ pub const ORDER: usize = 32;
 
 /// Default leaf capacity: most entries per leaf. A leaf splits (the only
 /// time an insert of a new key copies its path) once per `LEAF / 2`
-/// inserts into it, so larger is cheaper for inserts; a reader entering a
-/// leaf sorts what was appended since the leaf was built, at most
-/// `LEAF / 2` entries, so much larger costs ranges. Inserts of keys known
-/// to be new ([`Index::insert_new`]) do not search the leaf, so its size
-/// costs them nothing else.
-pub const LEAF: usize = 128;
+/// inserts into it. A split copies every entry of the leaf, so what it
+/// costs per insert hardly depends on the leaf's size, but each split also
+/// copies the parent (a reference count update per child) and builds two
+/// leaves (their append slots are initialised one by one), and those costs
+/// shrink with fewer splits: 256 took about a fifth off what the index
+/// adds to a put, against 128 (BENCHMARKS.md, "The ordered index's
+/// share of a put"). A reader entering a leaf sorts what was appended
+/// since the leaf was built, at most `LEAF / 2` entries, as (head, slot)
+/// pairs; a 20-pair range scan measured the same at 128 and 256. Inserts
+/// of keys known to be new ([`Index::insert_new`]) do not search the
+/// leaf, so its size costs them nothing else.
+pub const LEAF: usize = 256;
 
 /// A key as nodes hold it: its first 8 bytes as a number (`head`), then
 /// its bytes, inline up to [`INLINE`] bytes, shared beyond.
@@ -290,7 +296,9 @@ impl<V: Clone> Leaf<V> {
     }
 
     /// The slots of the entries published now, in key order: the sorted
-    /// ones merged with the appended ones, sorted here.
+    /// ones merged with the appended ones, sorted here. The appended ones
+    /// are sorted as (head, slot) pairs, so most comparisons are of two
+    /// numbers side by side rather than of two keys behind their slots.
     fn order(&self) -> Vec<usize> {
         // `len` first: the dead bits of what it publishes are then visible.
         let n = self.len();
@@ -298,22 +306,20 @@ impl<V: Clone> Leaf<V> {
         if self.sorted == n && self.removed() == 0 {
             return (0..n).collect();
         }
-        let head: Vec<usize> = (0..self.sorted).filter(live).collect();
-        let mut tail: Vec<usize> = (self.sorted..n).filter(live).collect();
-        tail.sort_unstable_by(|&a, &b| self.entry(a).0.cmp(&self.entry(b).0));
-        let mut out = Vec::with_capacity(head.len() + tail.len());
-        let (mut i, mut j) = (0, 0);
-        while i < head.len() && j < tail.len() {
-            if self.entry(head[i]).0 < self.entry(tail[j]).0 {
-                out.push(head[i]);
-                i += 1;
-            } else {
-                out.push(tail[j]);
-                j += 1;
+        let key = |i: usize| &self.entry(i).0;
+        let mut tail: Vec<(u64, usize)> = (self.sorted..n).filter(live).map(|i| (key(i).head, i)).collect();
+        tail.sort_unstable_by(|a, b| a.0.cmp(&b.0).then_with(|| key(a.1).cmp(key(b.1))));
+        let mut out = Vec::with_capacity(n);
+        let mut t = tail.iter().peekable();
+        for i in (0..self.sorted).filter(live) {
+            let k = &self.base[i].0;
+            // Keys are distinct: an appended one goes first iff it is less.
+            while let Some(&(_, j)) = t.next_if(|&&(h, j)| h < k.head || (h == k.head && key(j) < k)) {
+                out.push(j);
             }
+            out.push(i);
         }
-        out.extend_from_slice(&head[i..]);
-        out.extend_from_slice(&tail[j..]);
+        out.extend(t.map(|&(_, j)| j));
         out
     }
 
@@ -404,8 +410,10 @@ impl<V: Clone> Node<V> {
     fn split(&self) -> (Node<V>, Key, Node<V>) {
         match self {
             Node::Leaf(leaf) => {
-                let mut left = leaf.entries();
-                let right = left.split_off(left.len() / 2);
+                let order = leaf.order();
+                let (l, r) = order.split_at(order.len() / 2);
+                let copy = |slots: &[usize]| slots.iter().map(|&i| leaf.entry(i).clone()).collect::<Vec<_>>();
+                let (left, right) = (copy(l), copy(r));
                 let sep = right[0].0.clone();
                 (
                     Node::Leaf(Leaf::new(leaf.cap(), left)),
@@ -437,6 +445,27 @@ impl<V: Clone> Node<V> {
 #[inline]
 fn child(keys: &[Key], key: &Probe<'_>) -> usize {
     keys.partition_point(|s| s.cmp_probe(key).is_le())
+}
+
+/// The index's writer lock, held ([`Index::writer`]).
+pub struct Writer<'a, V> {
+    index: &'a Index<V>,
+    _lock: parking_lot::MutexGuard<'a, ()>,
+}
+
+impl<V: Clone + Send + Sync + 'static> Writer<'_, V> {
+    /// Inserts a key the caller knows is absent (the engine inserts only
+    /// keys its table reports as new): the leaf is not searched for it
+    /// first. A key already present would be listed twice.
+    pub fn insert_new(&self, key: &[u8], val: V) {
+        let key = &Probe::new(key);
+        debug_assert!(
+            !self.index.contains(&self.index.root.load(), key),
+            "insert_new of a key the index holds"
+        );
+        let old = self.index.insert_locked(key, val, true);
+        debug_assert!(old.is_none());
+    }
 }
 
 /// A concurrent ordered map from byte keys to `V`.
@@ -514,28 +543,45 @@ impl<V: Clone + Send + Sync + 'static> Index<V> {
         self.insert_with(&Probe::new(key), val, false)
     }
 
-    /// Inserts a key the caller knows is absent (the engine inserts only
-    /// keys its table reports as new): the leaf is not searched for it
-    /// first. A key already present would be listed twice.
+    /// [`Writer::insert_new`] under its own hold of the writer lock.
+    #[cfg(test)]
     pub fn insert_new(&self, key: &[u8], val: V) {
-        debug_assert!(
-            !self.contains(&self.root.load(), &Probe::new(key)),
-            "insert_new of a key the index holds"
-        );
-        let old = self.insert_with(&Probe::new(key), val, true);
-        debug_assert!(old.is_none());
+        self.writer().insert_new(key, val)
     }
 
+    /// The writer lock, held: inserts and removals through the returned
+    /// [`Writer`] wait for no one else. A caller that must order its index
+    /// change after its own change elsewhere takes this before it lets go
+    /// of its own lock (the engine does, so the next write of the table
+    /// runs beside this one's index change, see `HashEngine::put`).
+    pub fn writer(&self) -> Writer<'_, V> {
+        Writer {
+            index: self,
+            _lock: self.writer.lock(),
+        }
+    }
+
+    #[cfg(test)]
     fn insert_with(&self, key: &Probe<'_>, val: V, new: bool) -> Option<V> {
         let _w = self.writer.lock();
-        let cur = self.root.load_full();
+        self.insert_locked(key, val, new)
+    }
+
+    /// [`Index::insert_with`] under the writer lock, which the caller holds.
+    fn insert_locked(&self, key: &Probe<'_>, val: V, new: bool) -> Option<V> {
         // The common case: a new key whose path needs no split goes into
-        // its leaf in place; nothing is copied or published.
-        if let Some(leaf) = self.room_for(&cur, key, new) {
-            leaf.append(key.key(), val);
-            self.len.fetch_add(1, Ordering::AcqRel);
-            return None;
+        // its leaf in place; nothing is copied or published. (Only this
+        // writer replaces the root, so a guard suffices: no reference
+        // count is taken.)
+        {
+            let cur = self.root.load();
+            if let Some(leaf) = self.room_for(&cur, key, new) {
+                leaf.append(key.key(), val);
+                self.len.fetch_add(1, Ordering::AcqRel);
+                return None;
+            }
         }
+        let cur = self.root.load_full();
         let mut root = if cur.size() >= self.max(&cur) {
             let (left, sep, right) = cur.split();
             Node::Inner {
@@ -565,7 +611,10 @@ impl<V: Clone + Send + Sync + 'static> Index<V> {
             match node {
                 Node::Inner { keys, kids } => {
                     node = &kids[child(keys, key)];
-                    if node.size() >= self.max(node) {
+                    // A leaf at its most live entries is full; a full leaf
+                    // (live or dead entries) is checked below, without
+                    // counting its dead bits here.
+                    if matches!(node, Node::Inner { kids, .. } if kids.len() >= self.order) {
                         return None;
                     }
                 }
@@ -633,8 +682,13 @@ impl<V: Clone + Send + Sync + 'static> Index<V> {
 
     /// Removes `key`; returns its value.
     pub fn remove(&self, key: &[u8]) -> Option<V> {
-        let key = &Probe::new(key);
         let _w = self.writer.lock();
+        self.remove_locked(key)
+    }
+
+    /// [`Index::remove`] under the writer lock, which the caller holds.
+    fn remove_locked(&self, key: &[u8]) -> Option<V> {
+        let key = &Probe::new(key);
         let cur = self.root.load_full();
         // Every node below the root on the path above its minimum: nothing
         // to rebalance, so the entry is marked dead in place (or is absent);

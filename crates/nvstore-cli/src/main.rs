@@ -9,6 +9,11 @@
 #![deny(unsafe_code)]
 
 mod demo;
+
+/// mimalloc instead of the C library's allocator: see the README's
+/// "Memory allocator" section.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use nvstore::units;
 use nvstore_cli::escape;
 

@@ -304,17 +304,18 @@ fn campaign(ops: &[Op], seed: u64, drop: Option<&str>, stop_early: bool) -> Camp
     // so a concurrent writer may take the blocks a split frees the moment
     // they are freed, and write over them before this thread's next
     // fence. At every split the hook does what such writers would: it
-    // allocates blobs of each directory size (the freed directory's block
-    // among them) and writes and flushes them. Their puts never publish
-    // (the blobs are freed after the operation), so no key changes; what
-    // the campaign checks is that the old table, which a crash before the
-    // new root is durable brings back, was not overwritten.
+    // allocates blobs of each directory size and of a segment's size (the
+    // freed directory's and segment's blocks among them) and writes and
+    // flushes them. Their puts never publish (the blobs are freed after the
+    // operation), so no key changes; what the campaign checks is that the
+    // old table, which a crash before the new root or the rewritten
+    // directory entries are durable brings back, was not overwritten.
     let others: Arc<Mutex<Vec<u64>>> = Arc::default();
     {
         let (space, alloc, others) = (space.clone(), alloc.clone(), others.clone());
         t.set_split_hook(Some(Arc::new(move || {
-            for depth in 0..=l::MAX_DEPTH.min(8) {
-                let len = l::dir_bytes(depth);
+            let sizes = (0..=l::MAX_DEPTH.min(8)).map(l::dir_bytes).chain([l::SEGMENT_BYTES]);
+            for len in sizes {
                 if let Ok(off) = alloc.alloc(&*space, len) {
                     let filler = vec![0xb1; (len - blob::DATA_OFF) as usize];
                     blob::write(&*space, off, &[], &filler, points::BLOB_FLUSH);
@@ -383,7 +384,7 @@ fn campaign(ops: &[Op], seed: u64, drop: Option<&str>, stop_early: bool) -> Camp
 
 #[test]
 fn crash_at_every_point_finds_no_violation() {
-    let ops = workload(11, 260, 120);
+    let ops = workload(11, 700, 400);
     let c = campaign(&ops, 11, None, false);
     assert!(
         c.violations.is_empty(),
@@ -399,7 +400,7 @@ fn crash_at_every_point_finds_no_violation() {
 
 #[test]
 fn every_dropped_point_is_caught() {
-    let ops = workload(12, 260, 120);
+    let ops = workload(12, 700, 400);
     let mut missed = Vec::new();
     for p in points::ALL {
         let c = campaign(&ops, 12, Some(p.name), true);
@@ -417,7 +418,7 @@ fn every_dropped_point_is_caught() {
 
 #[test]
 fn groups_match_a_map_and_reach_every_point() {
-    let ops = group_workload(21, 260, 120);
+    let ops = group_workload(21, 260, 400);
     let c = campaign(&ops, 21, None, false);
     assert!(
         c.violations.is_empty(),
@@ -656,4 +657,109 @@ fn a_damaged_or_stale_image_is_rebuilt() {
         assert_eq!(keys, sorted_keys(300), "{what}");
         assert!(db.check().ok, "{what}");
     }
+}
+
+/// The directory's entries as the pool holds them: (directory, entries).
+fn dir_entries(space: &SimSpace) -> (u64, Vec<u64>) {
+    let dir = space.load(ROOT);
+    let depth = space.load(dir) & 0xffff_ffff;
+    (dir, (0..1u64 << depth).map(|j| space.load(dir + 8 + 8 * j)).collect())
+}
+
+/// A split that keeps the directory's depth stores its segment's entries
+/// in place. A crash that persisted only some of those stores leaves a run
+/// naming the old segment in part and its halves in part; recovery names
+/// the old segment throughout again (it still holds every entry), so the
+/// table is as before the put that split, and the halves are free again.
+#[test]
+fn a_split_whose_entries_were_partly_stored_is_rolled_back() {
+    let (space, alloc) = pool();
+    let t = HashTable::create(space.clone(), alloc.clone(), ROOT).unwrap();
+    let mut rng = StdRng::seed_from_u64(31);
+    let mut model = BTreeMap::new();
+    let mut in_place = 0;
+    for i in 0..3000u32 {
+        let (d0, e0) = dir_entries(&space);
+        let before = model.clone();
+        let (k, v) = (key(i), value(&mut rng));
+        t.put(&k, &v).unwrap();
+        model.insert(k, v);
+        let (d1, e1) = dir_entries(&space);
+        if d0 != d1 || e0 == e1 {
+            continue;
+        }
+        // An in-place split: tear it, keeping the first `keep` of its
+        // run's new entries and the old entry in the rest.
+        let changed: Vec<usize> = (0..e0.len()).filter(|&j| e0[j] != e1[j]).collect();
+        let old = e0[changed[0]];
+        assert!(changed.iter().all(|&j| e0[j] == old), "one segment's run changes");
+        assert_eq!(changed.len().count_ones(), 1, "an aligned run");
+        // A put that split twice (a half split again at once) has its
+        // first split's fence behind it: only single splits can be torn so.
+        let halves: BTreeSet<u64> = changed.iter().map(|&j| e1[j]).collect();
+        if halves.len() != 2 {
+            continue;
+        }
+        in_place += 1;
+        let image = space.persisted_image();
+        let n = changed.len();
+        let keeps: BTreeSet<usize> = [1, n / 2, n / 2 + 1, n - 1].into_iter().filter(|&k| k < n).collect();
+        for keep in keeps {
+            let torn = SimSpace::from_image(image.clone());
+            for &j in &changed[keep..] {
+                let at = d1 + 8 + 8 * j as u64;
+                torn.store(at, old);
+                torn.persist(at, 8, points::DIRENTRY_FLUSH, points::DIRENTRY_FENCE);
+            }
+            let (_, entries) = dir_entries(&torn);
+            let depth = entries.len().trailing_zeros();
+            assert_eq!(
+                super::table::torn_split(&entries, depth),
+                Some((changed[0], changed.len(), old)),
+                "keeping {keep} of {}",
+                changed.len()
+            );
+            let problems = check_image(torn.persisted_image(), true, &before, &before, &BTreeMap::new());
+            assert!(problems.is_empty(), "keeping {keep}: {problems:?}");
+            let recovered = SimSpace::from_image(torn.persisted_image());
+            HashTable::recover(&recovered, ROOT).unwrap();
+            let (_, entries) = dir_entries(&recovered);
+            assert!(
+                changed.iter().all(|&j| entries[j] == old),
+                "the run is rolled back in the pool"
+            );
+        }
+        if in_place >= 3 {
+            break;
+        }
+    }
+    assert!(in_place >= 3, "only {in_place} splits kept the depth");
+}
+
+/// Only a run of one segment's entry mixed with its two halves (one per
+/// half of the run, one level deeper) is taken for a torn split; anything
+/// else is left for recovery's validation to refuse.
+#[test]
+fn only_a_run_mixed_with_its_own_halves_is_a_torn_split() {
+    let e = |seg: u64, d: u32| l::dir_entry(seg * 64, d);
+    let torn = super::table::torn_split;
+    // Depth 2: `a` (local depth 0) names all four entries; `b` and `c`
+    // (local depth 1) are its halves.
+    let (a, b, c) = (e(100, 0), e(200, 1), e(300, 1));
+    assert_eq!(torn(&[a, a, a, a], 2), None);
+    assert_eq!(torn(&[b, b, c, c], 2), None);
+    assert_eq!(torn(&[b, a, a, a], 2), Some((0, 4, a)));
+    assert_eq!(torn(&[b, b, c, a], 2), Some((0, 4, a)));
+    assert_eq!(torn(&[a, a, c, a], 2), Some((0, 4, a)));
+    // The same segment in both halves, or an entry two levels deeper: no.
+    assert_eq!(torn(&[b, a, b, a], 2), None);
+    assert_eq!(torn(&[e(400, 2), a, a, a], 2), None);
+    // Depth 3: a valid run of four, then a torn one found where it is.
+    let (x, a1) = (e(500, 1), e(600, 1));
+    let (p, q) = (e(700, 2), e(800, 2));
+    assert_eq!(torn(&[x, x, x, x, a1, a1, a1, a1], 3), None);
+    assert_eq!(torn(&[x, x, x, x, p, p, q, q], 3), None);
+    assert_eq!(torn(&[x, x, x, x, p, a1, a1, a1], 3), Some((4, 4, a1)));
+    assert_eq!(torn(&[x, x, x, x, p, p, q, a1], 3), Some((4, 4, a1)));
+    assert_eq!(torn(&[x, x, x, x, e(900, 3), a1, a1, a1], 3), None);
 }

@@ -87,11 +87,20 @@ points! {
     /// insert, an update (new slot set, old slot cleared) or a delete.
     HASH_BUCKET_FLUSH = "hash.bucket.flush";
     HASH_BUCKET_FENCE = "hash.bucket.fence";
-    /// Hash split: the two new segments and the new directory, before the root swap.
+    /// Hash split: the two new segments (and, when the directory doubles, the
+    /// new directory), before the directory names them.
     HASH_SEGMENT_FLUSH = "hash.segment.flush";
     HASH_DIR_FLUSH = "hash.dir.flush";
     HASH_SPLIT_FENCE = "hash.split.fence";
-    /// Hash: the root word that swaps a new directory in (creation and every split).
+    /// Hash split that keeps the directory's depth: the directory entries
+    /// of the split segment, each rewritten in place to name one of its two
+    /// halves, after the halves' fence; the fence orders them before the
+    /// old segment's block can be reused. Recovery rolls back a split whose
+    /// entries were only partly persisted (see `HashTable::recover`).
+    HASH_DIRENTRY_FLUSH = "hash.direntry.flush";
+    HASH_DIRENTRY_FENCE = "hash.direntry.fence";
+    /// Hash: the root word that swaps a new directory in (creation and every
+    /// split that doubles the directory).
     HASH_ROOT_FLUSH = "hash.root.flush";
     HASH_ROOT_FENCE = "hash.root.fence";
     /// Hash clean close: the saved image of the ordered index, before the

@@ -146,11 +146,7 @@ impl<S: Space> HashTable<S> {
             // on a writable open; a read-only one reads it so in memory.
             entries[first..first + span].fill(e);
             if space.writable() {
-                for j in first..first + span {
-                    space.store(dir + 8 + 8 * j as u64, e);
-                }
-                space.flush(dir + 8 + 8 * first as u64, 8 * span as u64, p::DIRENTRY_FLUSH);
-                space.fence(p::DIRENTRY_FENCE);
+                store_entries(space, dir, first, &entries[first..first + span]);
             }
         }
         let mut reachable = BTreeSet::from([dir]);
@@ -763,20 +759,20 @@ impl<S: Space> HashTable<S> {
             self.space.write(off, bytes);
             self.space.flush(off, l::SEGMENT_BYTES, p::SEGMENT_FLUSH);
         }
-        let entries: Vec<u64> = (0..1usize << depth)
-            .map(|j| {
-                let old = st.entries[j >> (depth - st.depth)];
-                if old != e {
-                    old
-                } else if (j >> (depth - 1 - local)) & 1 == 0 {
-                    l::dir_entry(s0, local + 1)
-                } else {
-                    l::dir_entry(s1, local + 1)
-                }
-            })
-            .collect();
+        // The entry at index `j` of the directory after the split.
+        let entry = |j: usize| {
+            let old = st.entries[j >> (depth - st.depth)];
+            if old != e {
+                old
+            } else if (j >> (depth - 1 - local)) & 1 == 0 {
+                l::dir_entry(s0, local + 1)
+            } else {
+                l::dir_entry(s1, local + 1)
+            }
+        };
         match new_dir {
             Some(dir) => {
+                let entries: Vec<u64> = (0..1usize << depth).map(entry).collect();
                 let mut bytes = Vec::with_capacity(l::dir_bytes(depth) as usize);
                 bytes.extend_from_slice(&l::dir_word0(depth).to_le_bytes());
                 for w in &entries {
@@ -788,24 +784,24 @@ impl<S: Space> HashTable<S> {
                 self.space.publish(self.root_off, dir, p::ROOT_FLUSH, p::ROOT_FENCE);
                 self.alloc.free(st.dir);
                 st.dir = dir;
+                st.depth = depth;
+                st.entries = entries;
             }
             None => {
                 // Writing a whole new directory per split cost every split
                 // the directory's size (at a million keys about 50 flushed
                 // lines per insert). Only the old segment's run changes: its
-                // entries are stored in place, after the halves' fence. A
-                // crash may persist some of them and not others; recovery
-                // then rolls the run back to the old segment, which still
-                // holds every entry of both halves (`torn_split`).
+                // entries are stored in place, after the halves' fence, and
+                // nothing else of the directory is read or copied. A crash
+                // may persist some of them and not others; recovery then
+                // rolls the run back to the old segment, which still holds
+                // every entry of both halves (`torn_split`).
                 self.space.fence(p::SPLIT_FENCE);
                 let span = 1usize << (depth - local);
                 let first = l::dir_index(h, depth) as usize & !(span - 1);
-                for (j, &w) in entries.iter().enumerate().skip(first).take(span) {
-                    self.space.store(st.dir + 8 + 8 * j as u64, w);
-                }
-                self.space
-                    .flush(st.dir + 8 + 8 * first as u64, 8 * span as u64, p::DIRENTRY_FLUSH);
-                self.space.fence(p::DIRENTRY_FENCE);
+                let run: Vec<u64> = (first..first + span).map(entry).collect();
+                store_entries(&*self.space, st.dir, first, &run);
+                st.entries[first..first + span].copy_from_slice(&run);
             }
         }
         self.alloc.free(seg);
@@ -813,11 +809,21 @@ impl<S: Space> HashTable<S> {
         if let Some(hook) = self.split_hook.lock().clone() {
             hook();
         }
-        st.depth = depth;
-        st.entries = entries;
         self.splits.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
+}
+
+/// Stores `run` as the entries of directory `dir` from index `first` on,
+/// in place, and makes them durable (`hash.direntry.flush`, `.fence`): a
+/// split that keeps the depth, and recovery's rollback of one cut short.
+fn store_entries<S: Space + ?Sized>(space: &S, dir: u64, first: usize, run: &[u64]) {
+    let at = dir + 8 + 8 * first as u64;
+    for (i, &w) in run.iter().enumerate() {
+        space.store(at + 8 * i as u64, w);
+    }
+    space.flush(at, 8 * run.len() as u64, p::DIRENTRY_FLUSH);
+    space.fence(p::DIRENTRY_FENCE);
 }
 
 /// The run of directory entries a split that kept the directory's depth

@@ -1,7 +1,7 @@
 //! The persistent hash table: extendible hashing over segments of buckets
 //! (CCEH, Dash), one 8-byte publish per write, splits by copy-on-write.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -396,7 +396,9 @@ impl<S: Space> HashTable<S> {
     /// - a put that needs more than one header store (a segment split, or
     ///   an update whose old copy is in the other bucket of the window), or
     ///   a key the group already holds, first completes the pending group,
-    ///   then runs alone as [`HashTable::put`].
+    ///   then runs alone as [`HashTable::put`];
+    /// - a group holds at most [`GROUP_MAX`] puts: a longer run of pairs is
+    ///   published in groups of that many.
     ///
     /// Returns one result per pair, in order: whether the key was new, or
     /// why that put failed (it published nothing and its blob is freed;
@@ -407,6 +409,9 @@ impl<S: Space> HashTable<S> {
         let mut st = self.state.write();
         let mut g = Group::default();
         for (&(key, value), blob) in items.iter().zip(blobs) {
+            if g.keys.len() >= GROUP_MAX {
+                self.commit(&mut st, &mut g);
+            }
             let blob = match blob {
                 Ok(blob) => blob,
                 Err(e) => {
@@ -443,10 +448,10 @@ impl<S: Space> HashTable<S> {
         value: &[u8],
         blob: Blob,
     ) -> Result<Option<bool>> {
-        if g.keys.contains(key) {
+        let h = l::hash(key);
+        if g.keys.iter().any(|&(kh, k)| kh == h && k == key) {
             return Ok(None);
         }
-        let h = l::hash(key);
         let found = self.find_all(st, h, key);
         let seg = l::entry_seg(st.entries[l::dir_index(h, st.depth) as usize]);
         let newest = found.iter().max_by_key(|f| f.meta.version);
@@ -479,7 +484,7 @@ impl<S: Space> HashTable<S> {
             None => g.headers.push((b, new_hdr, busy)),
         }
         g.replaced.extend(found.iter().copied());
-        g.keys.insert(key);
+        g.keys.push((h, key));
         st.next_version += 1;
         if found.is_empty() {
             g.new += 1;
@@ -872,6 +877,12 @@ pub(super) fn torn_split(entries: &[u64], depth: u32) -> Option<(usize, usize, u
     None
 }
 
+/// Most puts published together: a longer run of pairs is published in
+/// groups of this many. A group's keys and bucket headers are short lists
+/// searched in full for each put, and 64 puts already share each fence
+/// among 64.
+pub(super) const GROUP_MAX: usize = 64;
+
 /// A group of puts staged but not yet published ([`HashTable::put_group`]).
 #[derive(Default)]
 struct Group<'k> {
@@ -881,8 +892,10 @@ struct Group<'k> {
     headers: Vec<(u64, BucketHeader, BucketHeader)>,
     /// Entries the group replaces; their blobs are freed after the publish.
     replaced: Vec<Found>,
-    /// Keys the group writes.
-    keys: HashSet<&'k [u8]>,
+    /// Keys the group writes, with their hashes: a short list (at most
+    /// [`GROUP_MAX`]), searched by hash first, where a hash set would hash
+    /// every key a second time.
+    keys: Vec<(u64, &'k [u8])>,
     /// Puts of new keys.
     new: u64,
 }

@@ -490,6 +490,38 @@ fn a_group_is_two_fences_and_keeps_its_promises() {
     assert!(leaks(&*space, &alloc, &t).is_empty());
 }
 
+/// A long run of pairs is published in groups of at most `GROUP_MAX`
+/// puts (each group's keys and headers are short lists, searched in full
+/// for every put), two fences per group.
+#[test]
+fn a_long_run_of_puts_is_published_in_bounded_groups() {
+    let (space, alloc) = pool();
+    let t = HashTable::create(space.clone(), alloc.clone(), ROOT).unwrap();
+    let n = 3 * super::table::GROUP_MAX;
+    // Eight times the keys, then seven in eight deleted: every bucket has
+    // room for a second copy, so no update of the run needs to run alone.
+    let all: Vec<Vec<u8>> = (0..8 * n).map(|i| format!("run-key-{i:04}").into_bytes()).collect();
+    for k in &all {
+        t.put(k, b"old").unwrap();
+    }
+    let keys: Vec<Vec<u8>> = all.iter().step_by(8).cloned().collect();
+    for (i, k) in all.iter().enumerate() {
+        if i % 8 != 0 {
+            assert!(t.delete(k));
+        }
+    }
+    let pairs: Vec<(&[u8], &[u8])> = keys.iter().map(|k| (&k[..], &b"new"[..])).collect();
+    let f0 = fences();
+    let r = t.put_group(&pairs);
+    assert!(r.iter().all(|r| matches!(r, Ok(false))), "{r:?}");
+    assert_eq!(fences() - f0, 2 * 3, "three groups of GROUP_MAX updates");
+    for k in &keys {
+        assert_eq!(t.get(k).as_deref(), Some(&b"new"[..]));
+    }
+    assert_eq!(t.len(), n as u64);
+    assert!(leaks(&*space, &alloc, &t).is_empty());
+}
+
 /// A slot a group clears (the old copy of a key it updates) is not reused
 /// by the same group: the put that would need it waits for the group's
 /// publish and runs alone. Crashing anywhere in between loses nothing.

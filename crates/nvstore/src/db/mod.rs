@@ -435,8 +435,9 @@ impl<S: Space> Db<S> {
     /// returns one result per pair, in order; every put that succeeded is
     /// durable when this returns. It is not a transaction: each put is
     /// atomic on its own, and a crash before this returns may keep any of
-    /// them. On a hash pool the puts are made durable as one group (one
-    /// fence for all their slots, one for all their bucket headers), which
+    /// them. On a hash pool the puts are made durable in groups of up to
+    /// 64 (one fence for all their slots, one for all their bucket
+    /// headers), which
     /// is what `AsyncDb`'s workers use for the puts they take off the
     /// queue together; elsewhere (tree pools, a remote space that logs
     /// each operation) they run one by one.

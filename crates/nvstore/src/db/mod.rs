@@ -437,10 +437,9 @@ impl<S: Space> Db<S> {
     /// atomic on its own, and a crash before this returns may keep any of
     /// them. On a hash pool the puts are made durable in groups of up to
     /// 64 (one fence for all their slots, one for all their bucket
-    /// headers), which
-    /// is what `AsyncDb`'s workers use for the puts they take off the
-    /// queue together; elsewhere (tree pools, a remote space that logs
-    /// each operation) they run one by one.
+    /// headers), which is what `AsyncDb`'s workers use for the puts they
+    /// take off the queue together; elsewhere (tree pools, a remote space
+    /// that logs each operation) they run one by one.
     pub fn put_many(&self, pairs: &[(&[u8], &[u8])]) -> Vec<Result<()>> {
         match &self.engine {
             Engine::Hash(h) if pairs.len() > 1 && self.space().mapping() != crate::pmem::MappingKind::Remote => {

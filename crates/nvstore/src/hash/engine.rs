@@ -173,7 +173,10 @@ impl<S: Space> HashEngine<S> {
     pub fn put(&self, key: &[u8], value: &[u8]) -> Result<()> {
         crate::tree::check_sizes(key, value)?;
         // The value is copied into the pool before the writer lock, so
-        // concurrent puts copy in parallel (see `HashTable::write_blob`).
+        // concurrent puts copy in parallel (see `HashTable::write_blob`),
+        // while the lines the put reads and writes under the lock are
+        // fetched (see `HashTable::prefetch_buckets`).
+        self.table.prefetch_buckets(super::layout::hash(key));
         let blob = self.table.write_blob(key, value, super::points::BLOB_FLUSH)?;
         let w = self.writer.lock();
         // An update leaves the index as it is: it already holds the key. A
@@ -232,6 +235,8 @@ impl<S: Space> HashEngine<S> {
     /// Writes only over a key that exists (the ordered index already holds it).
     pub fn update(&self, key: &[u8], value: &[u8]) -> Result<bool> {
         crate::tree::check_sizes(key, value)?;
+        // Fetched while the lock is waited for (see `HashEngine::put`).
+        self.table.prefetch_buckets(super::layout::hash(key));
         let _w = self.writer.lock();
         if !self.table.contains(key) {
             return Ok(false);

@@ -5,6 +5,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use arc_swap::ArcSwap;
 use parking_lot::{Mutex, RwLock};
 
 use super::layout::{self as l, BucketHeader, Meta, Slot};
@@ -78,6 +79,17 @@ pub struct HashTable<S: Space> {
     /// (crash tests: the moment another writer's `write_blob` may first
     /// take those blocks).
     split_hook: Mutex<Option<SplitHook>>,
+    /// A copy of the directory's entries that [`HashTable::prefetch_buckets`]
+    /// reads without the lock: the writer stores a split's entries into
+    /// it and swaps in a new one when the directory doubles, while it
+    /// holds the lock. A reader may see it one change behind, which only
+    /// costs a wasted prefetch.
+    hint: ArcSwap<Box<[AtomicU64]>>,
+}
+
+/// A [`HashTable::hint`] holding `entries`.
+fn hint_of(entries: &[u64]) -> Arc<Box<[AtomicU64]>> {
+    Arc::new(entries.iter().map(|&e| AtomicU64::new(e)).collect())
 }
 
 impl<S: Space> HashTable<S> {
@@ -111,6 +123,7 @@ impl<S: Space> HashTable<S> {
             space,
             alloc,
             root_off,
+            hint: ArcSwap::new(hint_of(&state.entries)),
             state: RwLock::new(state),
             splits: AtomicU64::new(0),
             split_hook: Mutex::new(None),
@@ -229,6 +242,7 @@ impl<S: Space> HashTable<S> {
             space,
             alloc,
             root_off,
+            hint: ArcSwap::new(hint_of(&scan.state.entries)),
             state: RwLock::new(scan.state),
             splits: AtomicU64::new(0),
             split_hook: Mutex::new(None),
@@ -281,6 +295,53 @@ impl<S: Space> HashTable<S> {
     pub fn put(&self, key: &[u8], value: &[u8]) -> Result<bool> {
         let blob = self.write_blob(key, value, p::BLOB_FLUSH)?;
         self.put_blob(key, value, blob)
+    }
+
+    /// Starts fetching the lines a put of a key with table hash `h` reads
+    /// and writes under the writer lock (the headers and slots of its two
+    /// buckets), so those misses overlap the work before the lock (the
+    /// blob's copy) instead of lengthening the time the lock is held:
+    /// under the lock a put then mostly hits the cache, and two writers
+    /// overlap more of their work. Takes no lock and reads nothing from
+    /// the pool: the segment comes from [`HashTable::hint`], and a stale
+    /// one (a split since) only warms lines that are not needed. A hint
+    /// changes no contents; an offset outside the pool is skipped.
+    pub fn prefetch_buckets(&self, h: u64) {
+        let hint = self.hint.load();
+        let depth = hint.len().trailing_zeros();
+        let Some(e) = hint.get(l::dir_index(h, depth) as usize) else {
+            return;
+        };
+        let seg = l::entry_seg(e.load(Ordering::Relaxed));
+        if seg == 0 || seg.saturating_add(l::SEGMENT_BYTES) > self.space.size() {
+            return;
+        }
+        for d in 0..l::PROBE {
+            let b = l::bucket_off(seg, l::home_bucket(h) + d);
+            for line in (0..l::BUCKET_BYTES).step_by(LINE as usize) {
+                self.space.prefetch_write(b + line);
+            }
+        }
+    }
+
+    /// Whether [`HashTable::hint`] holds the directory's entries (tests:
+    /// the writer keeps it current through splits and doublings).
+    #[cfg(test)]
+    pub fn hint_is_current(&self) -> bool {
+        let st = self.state.read();
+        let hint = self.hint.load();
+        hint.len() == st.entries.len()
+            && hint
+                .iter()
+                .zip(&st.entries)
+                .all(|(h, &e)| h.load(Ordering::Relaxed) == e)
+    }
+
+    /// Replaces [`HashTable::hint`] (tests: a hint naming blocks outside
+    /// the pool must be harmless).
+    #[cfg(test)]
+    pub fn set_hint(&self, entries: &[u64]) {
+        self.hint.store(hint_of(entries));
     }
 
     /// Writes and flushes the blob a put of `key`/`value` needs, before
@@ -371,7 +432,10 @@ impl<S: Space> HashTable<S> {
     pub fn write_blobs(&self, items: &[(&[u8], &[u8])]) -> Vec<Result<Blob>> {
         items
             .iter()
-            .map(|&(key, value)| self.write_blob(key, value, p::GROUP_BLOB_FLUSH))
+            .map(|&(key, value)| {
+                self.prefetch_buckets(l::hash(key));
+                self.write_blob(key, value, p::GROUP_BLOB_FLUSH)
+            })
             .collect()
     }
 
@@ -791,6 +855,7 @@ impl<S: Space> HashTable<S> {
                 st.dir = dir;
                 st.depth = depth;
                 st.entries = entries;
+                self.hint.store(hint_of(&st.entries));
             }
             None => {
                 // Writing a whole new directory per split cost every split
@@ -807,6 +872,10 @@ impl<S: Space> HashTable<S> {
                 let run: Vec<u64> = (first..first + span).map(entry).collect();
                 store_entries(&*self.space, st.dir, first, &run);
                 st.entries[first..first + span].copy_from_slice(&run);
+                let hint = self.hint.load();
+                for (h, &e) in hint[first..first + span].iter().zip(&run) {
+                    h.store(e, Ordering::Relaxed);
+                }
             }
         }
         self.alloc.free(seg);

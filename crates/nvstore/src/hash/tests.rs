@@ -103,6 +103,88 @@ fn matches_a_map_through_splits_and_reopen() {
     assert_eq!(leaks(&*img, &alloc2, &t2), Vec::<String>::new());
 }
 
+/// The copy of the directory that a put's prefetch reads without the lock
+/// follows every split and doubling, of single and grouped puts, and is
+/// built again at open; one that names blocks outside the pool (or no
+/// segment at all) prefetches nothing and changes nothing.
+#[test]
+fn the_prefetch_hint_follows_the_directory() {
+    let (space, alloc) = pool();
+    let t = HashTable::create(space.clone(), alloc.clone(), ROOT).unwrap();
+    assert!(t.hint_is_current());
+    let mut rng = StdRng::seed_from_u64(7);
+    let mut model = BTreeMap::new();
+    for step in 0..1500u32 {
+        let (splits, depth) = (t.splits(), t.depth());
+        if step % 3 == 0 {
+            let pairs: Vec<(Vec<u8>, Vec<u8>)> =
+                (0..8).map(|_| (key(rng.gen_range(0..900)), value(&mut rng))).collect();
+            let refs: Vec<(&[u8], &[u8])> = pairs.iter().map(|(k, v)| (&k[..], &v[..])).collect();
+            for r in t.put_group(&refs) {
+                r.unwrap();
+            }
+            model.extend(pairs);
+        } else {
+            let (k, v) = (key(rng.gen_range(0..900)), value(&mut rng));
+            t.put(&k, &v).unwrap();
+            model.insert(k, v);
+        }
+        if t.splits() != splits || t.depth() != depth {
+            assert!(
+                t.hint_is_current(),
+                "step {step}: a split or doubling left the hint behind"
+            );
+        }
+    }
+    assert!(t.depth() >= 3, "the workload splits segments and doubles the directory");
+    assert!(t.hint_is_current());
+
+    let img = Arc::new(SimSpace::from_image(space.persisted_image()));
+    let scan = HashTable::recover(&*img, ROOT).unwrap();
+    let alloc2 = Arc::new(Allocator::rebuild(&*img, CHUNK, DATA_START, &scan.reachable).unwrap());
+    let t2 = HashTable::open(img.clone(), alloc2, ROOT, scan);
+    assert!(t2.hint_is_current());
+
+    // The same with the pool in a file, whose prefetch touches the
+    // mapping: entries naming no segment, blocks past the pool's end or
+    // reaching over it, or lines that are no segment's start, are skipped
+    // or warm harmless lines; puts still land where the directory says.
+    let dir = tempfile::tempdir_in("/dev/shm")
+        .or_else(|_| tempfile::tempdir())
+        .unwrap();
+    let path = dir.path().join("hint.pool");
+    let opts = crate::pmem::file::FileOptions {
+        mode: crate::pmem::file::OpenMode::Create { size: POOL },
+        max_size: POOL,
+        ..Default::default()
+    };
+    let file = Arc::new(crate::pmem::FileSpace::open(&path, &opts).unwrap());
+    file.store(header::pool_size_word(), POOL);
+    let falloc = Arc::new(Allocator::fresh(CHUNK, DATA_START, POOL));
+    let ft = HashTable::create(file.clone(), falloc, ROOT).unwrap();
+    let wild = [
+        0,
+        POOL,
+        POOL - LINE,
+        !63,
+        1 << 40,
+        POOL - l::SEGMENT_BYTES + LINE,
+        LINE,
+        3 * LINE,
+    ];
+    for hint in [&wild[..], &wild[..1], &[]] {
+        ft.set_hint(hint);
+        for (k, v) in &model {
+            ft.put(k, v).unwrap();
+        }
+        let pairs: Vec<(&[u8], &[u8])> = model.iter().take(16).map(|(k, v)| (&k[..], &v[..])).collect();
+        for r in ft.put_group(&pairs) {
+            r.unwrap();
+        }
+    }
+    assert_eq!(contents(&ft), model);
+}
+
 /// Slots written before an out-of-line key's hash was kept in the slot
 /// hold 0 there: such a table reopens, splits (rehashing those keys from
 /// their blobs) and reads back whole; a kept hash that is not the key's is

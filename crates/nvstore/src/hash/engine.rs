@@ -176,13 +176,14 @@ impl<S: Space> HashEngine<S> {
         // concurrent puts copy in parallel (see `HashTable::write_blob`),
         // while the lines the put reads and writes under the lock are
         // fetched (see `HashTable::prefetch_buckets`).
-        self.table.prefetch_buckets(super::layout::hash(key));
+        let h = super::layout::hash(key);
+        self.table.prefetch_buckets(h);
         let blob = self.table.write_blob(key, value, super::points::BLOB_FLUSH)?;
         let w = self.writer.lock();
         // An update leaves the index as it is: it already holds the key. A
         // key the table reports as new is not in the index either (see
         // `index_after`), so the index need not look for it.
-        let new = self.table.put_blob(key, value, blob)?;
+        let new = self.table.put_blob(h, key, value, blob)?;
         if new && self.indexed {
             self.index_after(w).insert_new(key, ());
         }

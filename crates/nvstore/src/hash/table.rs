@@ -31,7 +31,9 @@ pub struct Blob(u64);
 struct State {
     dir: u64,
     depth: u32,
-    entries: Vec<u64>,
+    /// The directory's entries, shared with [`HashTable::hint`]: changed
+    /// only under the writer lock, read without it by the prefetch.
+    entries: Entries,
     len: u64,
     next_version: u64,
 }
@@ -79,17 +81,36 @@ pub struct HashTable<S: Space> {
     /// (crash tests: the moment another writer's `write_blob` may first
     /// take those blocks).
     split_hook: Mutex<Option<SplitHook>>,
-    /// A copy of the directory's entries that [`HashTable::prefetch_buckets`]
-    /// reads without the lock: the writer stores a split's entries into
-    /// it and swaps in a new one when the directory doubles, while it
-    /// holds the lock. A reader may see it one change behind, which only
-    /// costs a wasted prefetch.
+    /// The directory's entries as [`HashTable::prefetch_buckets`] reads
+    /// them without the lock: the same array as the state's, swapped for
+    /// the new one when the directory doubles (a split stores its entries
+    /// into it in place). A reader may see it one change behind, which
+    /// only costs a wasted prefetch.
     hint: ArcSwap<Box<[AtomicU64]>>,
 }
 
-/// A [`HashTable::hint`] holding `entries`.
-fn hint_of(entries: &[u64]) -> Arc<Box<[AtomicU64]>> {
+/// The directory's entries in DRAM: atomic words, so that the prefetch
+/// can read them while a split stores into them.
+type Entries = Arc<Box<[AtomicU64]>>;
+
+fn entries_of(entries: &[u64]) -> Entries {
     Arc::new(entries.iter().map(|&e| AtomicU64::new(e)).collect())
+}
+
+impl State {
+    /// Directory entry `j`.
+    fn entry_at(&self, j: usize) -> u64 {
+        self.entries[j].load(Ordering::Relaxed)
+    }
+
+    /// The directory entry of a key with table hash `h`.
+    fn entry(&self, h: u64) -> u64 {
+        self.entry_at(l::dir_index(h, self.depth) as usize)
+    }
+
+    fn all_entries(&self) -> impl Iterator<Item = u64> + '_ {
+        self.entries.iter().map(|e| e.load(Ordering::Relaxed))
+    }
 }
 
 impl<S: Space> HashTable<S> {
@@ -115,7 +136,7 @@ impl<S: Space> HashTable<S> {
         let state = State {
             dir,
             depth: 0,
-            entries: vec![entry],
+            entries: entries_of(&[entry]),
             len: 0,
             next_version: 1,
         };
@@ -123,7 +144,7 @@ impl<S: Space> HashTable<S> {
             space,
             alloc,
             root_off,
-            hint: ArcSwap::new(hint_of(&state.entries)),
+            hint: ArcSwap::new(state.entries.clone()),
             state: RwLock::new(state),
             splits: AtomicU64::new(0),
             split_hook: Mutex::new(None),
@@ -227,7 +248,7 @@ impl<S: Space> HashTable<S> {
             state: State {
                 dir,
                 depth,
-                entries,
+                entries: entries_of(&entries),
                 len,
                 next_version: max_version + 1,
             },
@@ -242,7 +263,7 @@ impl<S: Space> HashTable<S> {
             space,
             alloc,
             root_off,
-            hint: ArcSwap::new(hint_of(&scan.state.entries)),
+            hint: ArcSwap::new(scan.state.entries.clone()),
             state: RwLock::new(scan.state),
             splits: AtomicU64::new(0),
             split_hook: Mutex::new(None),
@@ -294,7 +315,7 @@ impl<S: Space> HashTable<S> {
     /// is new (it had no entry).
     pub fn put(&self, key: &[u8], value: &[u8]) -> Result<bool> {
         let blob = self.write_blob(key, value, p::BLOB_FLUSH)?;
-        self.put_blob(key, value, blob)
+        self.put_blob(l::hash(key), key, value, blob)
     }
 
     /// Starts fetching the lines a put of a key with table hash `h` reads
@@ -324,24 +345,25 @@ impl<S: Space> HashTable<S> {
         }
     }
 
-    /// Whether [`HashTable::hint`] holds the directory's entries (tests:
-    /// the writer keeps it current through splits and doublings).
+    /// Whether [`HashTable::hint`] holds the directory's entries as the
+    /// pool stores them (tests: the writer keeps it current through
+    /// splits and doublings).
     #[cfg(test)]
     pub fn hint_is_current(&self) -> bool {
         let st = self.state.read();
         let hint = self.hint.load();
-        hint.len() == st.entries.len()
+        hint.len() == 1 << st.depth
             && hint
                 .iter()
-                .zip(&st.entries)
-                .all(|(h, &e)| h.load(Ordering::Relaxed) == e)
+                .enumerate()
+                .all(|(j, h)| h.load(Ordering::Relaxed) == self.space.load(st.dir + 8 + 8 * j as u64))
     }
 
     /// Replaces [`HashTable::hint`] (tests: a hint naming blocks outside
     /// the pool must be harmless).
     #[cfg(test)]
     pub fn set_hint(&self, entries: &[u64]) {
-        self.hint.store(hint_of(entries));
+        self.hint.store(entries_of(entries));
     }
 
     /// Writes and flushes the blob a put of `key`/`value` needs, before
@@ -364,10 +386,11 @@ impl<S: Space> HashTable<S> {
     }
 
     /// [`HashTable::put`] of a pair whose blob [`HashTable::write_blob`]
-    /// has written. On an error the blob is freed.
-    pub fn put_blob(&self, key: &[u8], value: &[u8], blob: Blob) -> Result<bool> {
+    /// has written, `h` being the key's table hash ([`l::hash`], which the
+    /// caller has computed for the prefetch). On an error the blob is freed.
+    pub fn put_blob(&self, h: u64, key: &[u8], value: &[u8], blob: Blob) -> Result<bool> {
         let mut st = self.state.write();
-        let r = self.put_locked(&mut st, key, value, blob, true);
+        let r = self.put_locked(&mut st, h, key, value, blob, true);
         if r.is_err() {
             self.discard(blob);
         }
@@ -384,11 +407,10 @@ impl<S: Space> HashTable<S> {
     /// [`HashTable::put`] with the writer lock held; marks the operation's
     /// end for the crash simulator when `boundary` (a put inside a group
     /// leaves that to the group).
-    fn put_locked(&self, st: &mut State, key: &[u8], value: &[u8], blob: Blob, boundary: bool) -> Result<bool> {
-        let h = l::hash(key);
+    fn put_locked(&self, st: &mut State, h: u64, key: &[u8], value: &[u8], blob: Blob, boundary: bool) -> Result<bool> {
         loop {
             let found = self.find_all(st, h, key);
-            let seg = l::entry_seg(st.entries[l::dir_index(h, st.depth) as usize]);
+            let seg = l::entry_seg(st.entry(h));
             let newest = found.iter().max_by_key(|f| f.meta.version);
             let window = (0..l::PROBE).map(|d| l::bucket_off(seg, l::home_bucket(h) + d));
             let target = newest.map(|f| f.bucket).into_iter().chain(window).find_map(|b| {
@@ -487,7 +509,7 @@ impl<S: Space> HashTable<S> {
                 Ok(Some(new)) => Ok(new),
                 Ok(None) => {
                     self.commit(&mut st, &mut g);
-                    self.put_locked(&mut st, key, value, blob, false)
+                    self.put_locked(&mut st, l::hash(key), key, value, blob, false)
                 }
                 Err(e) => Err(e),
             };
@@ -517,7 +539,7 @@ impl<S: Space> HashTable<S> {
             return Ok(None);
         }
         let found = self.find_all(st, h, key);
-        let seg = l::entry_seg(st.entries[l::dir_index(h, st.depth) as usize]);
+        let seg = l::entry_seg(st.entry(h));
         let newest = found.iter().max_by_key(|f| f.meta.version);
         let window = (0..l::PROBE).map(|d| l::bucket_off(seg, l::home_bucket(h) + d));
         let target = newest.map(|f| f.bucket).into_iter().chain(window).find_map(|b| {
@@ -597,7 +619,7 @@ impl<S: Space> HashTable<S> {
     pub fn for_each(&self, mut f: impl FnMut(&[u8], &[u8])) {
         let st = self.state.read();
         let mut seen = BTreeSet::new();
-        for &e in &st.entries {
+        for e in st.all_entries() {
             let seg = l::entry_seg(e);
             if !seen.insert(seg) {
                 continue;
@@ -634,7 +656,7 @@ impl<S: Space> HashTable<S> {
 
     /// Published slots holding `key` in its probe window.
     fn find_all(&self, st: &State, h: u64, key: &[u8]) -> Vec<Found> {
-        let seg = l::entry_seg(st.entries[l::dir_index(h, st.depth) as usize]);
+        let seg = l::entry_seg(st.entry(h));
         let fp = l::fingerprint(h);
         let mut out = Vec::new();
         for d in 0..l::PROBE {
@@ -662,7 +684,7 @@ impl<S: Space> HashTable<S> {
     #[cfg(test)]
     pub fn forget_key_hashes(&self) {
         let st = self.state.read();
-        let segs: BTreeSet<u64> = st.entries.iter().map(|&e| l::entry_seg(e)).collect();
+        let segs: BTreeSet<u64> = st.all_entries().map(l::entry_seg).collect();
         for seg in segs {
             for f in self.segment_slots(seg).iter().filter(|f| f.meta.key_inline.is_none()) {
                 let so = f.bucket + l::slot_rel(f.slot);
@@ -743,7 +765,7 @@ impl<S: Space> HashTable<S> {
     /// (its new segment holds a subset of the old one's entries); older
     /// copies of a key are dropped.
     fn split(&self, st: &mut State, h: u64) -> Result<()> {
-        let e = st.entries[l::dir_index(h, st.depth) as usize];
+        let e = st.entry(h);
         let (seg, local) = (l::entry_seg(e), l::entry_depth(e));
         let depth = if local == st.depth { st.depth + 1 } else { st.depth };
         if depth > l::MAX_DEPTH {
@@ -830,7 +852,7 @@ impl<S: Space> HashTable<S> {
         }
         // The entry at index `j` of the directory after the split.
         let entry = |j: usize| {
-            let old = st.entries[j >> (depth - st.depth)];
+            let old = st.entry_at(j >> (depth - st.depth));
             if old != e {
                 old
             } else if (j >> (depth - 1 - local)) & 1 == 0 {
@@ -854,8 +876,8 @@ impl<S: Space> HashTable<S> {
                 self.alloc.free(st.dir);
                 st.dir = dir;
                 st.depth = depth;
-                st.entries = entries;
-                self.hint.store(hint_of(&st.entries));
+                st.entries = entries_of(&entries);
+                self.hint.store(st.entries.clone());
             }
             None => {
                 // Writing a whole new directory per split cost every split
@@ -871,10 +893,8 @@ impl<S: Space> HashTable<S> {
                 let first = l::dir_index(h, depth) as usize & !(span - 1);
                 let run: Vec<u64> = (first..first + span).map(entry).collect();
                 store_entries(&*self.space, st.dir, first, &run);
-                st.entries[first..first + span].copy_from_slice(&run);
-                let hint = self.hint.load();
-                for (h, &e) in hint[first..first + span].iter().zip(&run) {
-                    h.store(e, Ordering::Relaxed);
+                for (w, &e) in st.entries[first..first + span].iter().zip(&run) {
+                    w.store(e, Ordering::Relaxed);
                 }
             }
         }

@@ -103,10 +103,10 @@ fn matches_a_map_through_splits_and_reopen() {
     assert_eq!(leaks(&*img, &alloc2, &t2), Vec::<String>::new());
 }
 
-/// The copy of the directory that a put's prefetch reads without the lock
-/// follows every split and doubling, of single and grouped puts, and is
-/// built again at open; one that names blocks outside the pool (or no
-/// segment at all) prefetches nothing and changes nothing.
+/// The directory entries a put's prefetch reads without the lock follow
+/// every split and doubling, of single and grouped puts, and are built
+/// again at open; entries that name blocks outside the pool (or no
+/// segment at all) prefetch nothing and change nothing.
 #[test]
 fn the_prefetch_hint_follows_the_directory() {
     let (space, alloc) = pool();

@@ -2,7 +2,8 @@
 //! `get_with`, `range_with`, `range_rev_with`, `prefix_with` and
 //! `for_each` on both leaf formats, on a mapped pool file (which lends
 //! blob bytes in place) and on the crash simulator (which copies them);
-//! snapshots and transactions (a transaction's own writes win).
+//! snapshots and transactions (a transaction's own writes win); and that
+//! a point read lends its value without allocating, on every engine.
 
 use std::collections::BTreeMap;
 use std::ops::{Bound as RB, ControlFlow};
@@ -15,6 +16,39 @@ use rand::{Rng, SeedableRng};
 
 mod strategies;
 use strategies::{bound, key};
+
+/// The system allocator, counting the allocations of threads that ask it
+/// to ([`allocations_in`]), so a test can show that a read allocates
+/// nothing.
+struct Counting;
+
+thread_local! {
+    static COUNT: std::cell::Cell<Option<u64>> = const { std::cell::Cell::new(None) };
+}
+
+// SAFETY: every call is passed to the system allocator unchanged; the
+// count is a thread-local cell that never allocates.
+unsafe impl std::alloc::GlobalAlloc for Counting {
+    unsafe fn alloc(&self, l: std::alloc::Layout) -> *mut u8 {
+        let _ = COUNT.try_with(|c| c.set(c.get().map(|n| n + 1)));
+        // SAFETY: forwarded as received.
+        unsafe { std::alloc::System.alloc(l) }
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: std::alloc::Layout) {
+        // SAFETY: forwarded as received.
+        unsafe { std::alloc::System.dealloc(p, l) }
+    }
+}
+
+#[global_allocator]
+static ALLOC: Counting = Counting;
+
+/// How many allocations this thread made while `f` ran.
+fn allocations_in<R>(f: impl FnOnce() -> R) -> (u64, R) {
+    COUNT.with(|c| c.set(Some(0)));
+    let r = f();
+    (COUNT.with(|c| c.replace(None)).unwrap_or(0), r)
+}
 
 /// 8-byte keys are drawn from this many values.
 const KEYS: u64 = 256;
@@ -293,8 +327,16 @@ fn an_update_of_an_absent_key_writes_nothing() {
 #[test]
 fn a_lent_value_is_the_stored_one_for_every_size() {
     let dir = pool_dir();
-    for leaf in [LeafKind::Nv, LeafKind::Isle] {
-        let db = Db::create(dir.path().join(format!("{leaf:?}.nvs")), opts(leaf)).unwrap();
+    for engine in ["nv", "isle", "hash"] {
+        let o = match engine {
+            "nv" => opts(LeafKind::Nv),
+            "isle" => opts(LeafKind::Isle),
+            _ => Options {
+                engine: nvstore::EngineKind::Hash,
+                ..opts(LeafKind::Nv)
+            },
+        };
+        let db = Db::create(dir.path().join(format!("{engine}.nvs")), o).unwrap();
         let sizes = [0usize, 1, 7, 8, 9, 63, 64, 65, 255, 256, 257, 4096, 100_000];
         for (i, &n) in sizes.iter().enumerate() {
             let v: Vec<u8> = (0..n).map(|j| (i * 31 + j) as u8).collect();
@@ -306,6 +348,22 @@ fn a_lent_value_is_the_stored_one_for_every_size() {
             assert_eq!(db.get_with(k.as_bytes(), |v| v == want.as_slice()).unwrap(), Some(true));
         }
         assert_eq!(db.get_with(b"absent", |_| unreachable!()).unwrap(), None::<()>);
+        // A point read lends in place: no allocation, whether key and
+        // value sit in the element (or slot) or out of line, nor for a
+        // miss.
+        let long = [b'k'; 40];
+        db.put(&long, &[7u8; 512]).unwrap();
+        let keys: Vec<Vec<u8>> = (0..sizes.len()).map(|i| format!("key{i:02}").into_bytes()).collect();
+        for _ in 0..2 {
+            let (n, lens) = allocations_in(|| {
+                let lens: [Option<usize>; 4] = [&keys[0][..], &keys[3], &keys[sizes.len() - 1], &long]
+                    .map(|k| db.get_with(k, |v| v.len()).unwrap());
+                (lens, db.get_with(b"absent", |v| v.len()).unwrap())
+            });
+            assert_eq!(lens, ([Some(0), Some(8), Some(100_000), Some(512)], None), "{engine}");
+            assert_eq!(n, 0, "{engine}: get_with allocated {n} times");
+        }
+        db.delete(&long).unwrap();
         let mut seen = 0;
         db.for_each(|k, v| {
             let i: usize = std::str::from_utf8(&k[3..]).unwrap().parse().unwrap();

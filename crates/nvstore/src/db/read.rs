@@ -21,6 +21,8 @@ impl<S: Space> Db<S> {
     /// the pool (no allocation): `Ok(None)` when `key` has no value.
     /// `f` runs inside the read, which holds back the reclamation of
     /// replaced values meanwhile, so keep it short and do not block in it.
+    /// On a hash pool it runs under the table's read lock (writers wait for
+    /// it), so it must not write to this `Db`.
     ///
     /// ```no_run
     /// # let db = nvstore::Db::open("/dev/shm/doc.pool", nvstore::Options::default())?;
@@ -31,7 +33,7 @@ impl<S: Space> Db<S> {
     #[inline]
     pub fn get_with<R>(&self, key: &[u8], f: impl FnOnce(&[u8]) -> R) -> Result<Option<R>> {
         crate::tree::check_key(key)?;
-        self.named(with_tree!(self, t => t.get_with(key, f), h => h.get(key).map(|v| v.map(|v| f(&v)))))
+        self.named(with_tree!(self, t => t.get_with(key, f), h => h.get_with(key, f)))
     }
 
     /// Calls `f` on each pair with a key in `range`, in key order, lending

@@ -165,9 +165,10 @@ impl<S: Space> HashEngine<S> {
         Ok((engine, recovery))
     }
 
-    pub fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
+    /// Lends the value of `key` to `f` in place (see [`HashTable::get_with`]).
+    pub fn get_with<R>(&self, key: &[u8], f: impl FnOnce(&[u8]) -> R) -> Result<Option<R>> {
         crate::tree::check_key(key)?;
-        Ok(self.table.get(key))
+        Ok(self.table.get_with(key, f))
     }
 
     pub fn put(&self, key: &[u8], value: &[u8]) -> Result<()> {

@@ -296,14 +296,21 @@ impl<S: Space> HashTable<S> {
     /// Whether `key` has an entry, without copying its value out.
     pub fn contains(&self, key: &[u8]) -> bool {
         let st = self.state.read();
-        !self.find_all(&st, l::hash(key), key).is_empty()
+        self.find_newest(&st, l::hash(key), key).is_some()
     }
 
     pub fn get(&self, key: &[u8]) -> Option<Vec<u8>> {
+        self.get_with(key, <[u8]>::to_vec)
+    }
+
+    /// Lends the newest value of `key` to `f` where it lies (in its slot or
+    /// its blob), without copying it out: a read allocates nothing. `f`
+    /// runs under the table's read lock (writers wait meanwhile, and no
+    /// blob a reader can reach is freed), so it should be short.
+    pub fn get_with<R>(&self, key: &[u8], f: impl FnOnce(&[u8]) -> R) -> Option<R> {
         let st = self.state.read();
-        let found = self.find_all(&st, l::hash(key), key);
-        let newest = found.iter().max_by_key(|f| f.meta.version)?;
-        Some(slot_value(&*self.space, &newest.words, newest.meta))
+        let newest = self.find_newest(&st, l::hash(key), key)?;
+        Some(with_slot_value(&*self.space, &newest.words, newest.meta, f))
     }
 
     /// Inserts or replaces. One 8-byte bucket-header store publishes it:
@@ -656,9 +663,28 @@ impl<S: Space> HashTable<S> {
 
     /// Published slots holding `key` in its probe window.
     fn find_all(&self, st: &State, h: u64, key: &[u8]) -> Vec<Found> {
+        let mut out = Vec::new();
+        self.each_found(st, h, key, |f| out.push(f));
+        out
+    }
+
+    /// The newest published slot holding `key` (a crash between the two
+    /// stores of a move can leave two copies), found without allocating.
+    fn find_newest(&self, st: &State, h: u64, key: &[u8]) -> Option<Found> {
+        let mut newest: Option<Found> = None;
+        self.each_found(st, h, key, |f| {
+            if newest.is_none_or(|n| f.meta.version > n.meta.version) {
+                newest = Some(f);
+            }
+        });
+        newest
+    }
+
+    /// Calls `f` on each published slot holding `key` in its probe window.
+    #[inline]
+    fn each_found(&self, st: &State, h: u64, key: &[u8], mut f: impl FnMut(Found)) {
         let seg = l::entry_seg(st.entry(h));
         let fp = l::fingerprint(h);
-        let mut out = Vec::new();
         for d in 0..l::PROBE {
             let b = l::bucket_off(seg, l::home_bucket(h) + d);
             let hdr = BucketHeader(self.space.load(b));
@@ -666,7 +692,7 @@ impl<S: Space> HashTable<S> {
                 let words = read_slot(&*self.space, b + l::slot_rel(i));
                 let Some(meta) = Meta::decode(words[3]) else { continue };
                 if slot_key_eq(&*self.space, &words, meta, key) {
-                    out.push(Found {
+                    f(Found {
                         bucket: b,
                         slot: i,
                         words,
@@ -675,7 +701,6 @@ impl<S: Space> HashTable<S> {
                 }
             }
         }
-        out
     }
 
     /// Every published slot of a segment: (bucket index, slot, entry, key).
@@ -1038,19 +1063,23 @@ fn slot_key_eq<S: Space>(s: &S, w: &Slot, meta: Meta, key: &[u8]) -> bool {
         None => {
             key.len() > l::INLINE_MAX
                 && blob::lens(s.read_u64(w[1])).0 == key.len() as u64
-                && slot_key(s, w, meta) == key
+                && blob::cmp_key_at(s, blob::key_at(w[1]), key.len() as u64, key).is_eq()
         }
     }
 }
 
 fn slot_value<S: Space>(s: &S, w: &Slot, meta: Meta) -> Vec<u8> {
+    with_slot_value(s, w, meta, <[u8]>::to_vec)
+}
+
+/// Lends a slot's value to `f`: from the slot when inline, else in place
+/// in its blob (the caller keeps the blob from being freed meanwhile).
+fn with_slot_value<S: Space, R>(s: &S, w: &Slot, meta: Meta, f: impl FnOnce(&[u8]) -> R) -> R {
     match meta.value_inline {
-        Some(n) => w[2].to_le_bytes()[..n as usize].to_vec(),
+        Some(n) => f(&w[2].to_le_bytes()[..n as usize]),
         None => {
             let (kl, vl) = blob::lens(s.read_u64(w[1]));
-            let mut v = vec![0u8; vl as usize];
-            s.read(blob::value_at(w[1], kl), &mut v);
-            v
+            s.with_bytes(blob::value_at(w[1], kl), vl, f)
         }
     }
 }

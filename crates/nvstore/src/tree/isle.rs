@@ -27,6 +27,7 @@ use super::leaf::{
 };
 use super::mvcc::Clock;
 use super::Leaf;
+use crate::format::blob;
 use crate::format::element;
 use crate::format::element::{encode, inline_value_word};
 use crate::format::leaf_isle::{self as il, IsleLeaf, Kind};
@@ -180,7 +181,7 @@ fn cmp_general<S: Space>(s: &S, words: &[u64; 4], key: &[u8], kw: u64) -> Cmp {
     match Meta::decode(words[3]).and_then(|m| m.key_inline) {
         Some(l) => (l as usize).cmp(&key.len().min(8)).then((l as usize).cmp(&key.len())),
         None if key.len() <= 8 => Cmp::Greater,
-        None => element::element_key(s, words).as_slice().cmp(key),
+        None => blob::cmp_key_at(s, blob::key_at(words[1]), blob::lens(s.read_u64(words[1])).0, key),
     }
 }
 

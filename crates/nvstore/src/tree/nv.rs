@@ -48,7 +48,7 @@ fn full_match<S: Space>(s: &S, layout: &Layout, i: u64, key: &[u8], kw: u64, at:
             key.len() > 8 && {
                 let b = s.read_u64(e + nv::E_BLOB) & nv::BLOB_MASK;
                 let (kl, _) = blob::lens(s.read_u64(b));
-                kl as usize == key.len() && blob_key_is(s, blob::key_at(b), key)
+                kl as usize == key.len() && blob::cmp_key_at(s, blob::key_at(b), kl, key).is_eq()
             }
         }
     };
@@ -57,24 +57,6 @@ fn full_match<S: Space>(s: &S, layout: &Layout, i: u64, key: &[u8], kw: u64, at:
         negative: meta.negative || layout.is_gone(i),
         version: meta.version,
     })
-}
-
-/// Whether the `key.len()` bytes at `off` are `key`: compared in stack-sized
-/// chunks, stopping at the first difference (keys sharing their first
-/// eight bytes all reach this compare, so it must not allocate).
-#[inline]
-fn blob_key_is<S: Space>(s: &S, off: u64, key: &[u8]) -> bool {
-    let mut buf = [0u8; 64];
-    let mut done = 0;
-    while done < key.len() {
-        let n = (key.len() - done).min(buf.len());
-        s.read(off + done as u64, &mut buf[..n]);
-        if buf[..n] != key[done..done + n] {
-            return false;
-        }
-        done += n;
-    }
-    true
 }
 
 /// [`Nv::prefetch_guess`]'s span: the pool offsets of the first and the

@@ -530,9 +530,21 @@ impl<V: Clone + Send + Sync + 'static> Index<V> {
         }
     }
 
-    /// Fewest entries `node` may hold unless it is the root.
+    /// Fewest entries `node` may hold unless it is the root: a quarter of
+    /// its capacity (an inner node at least two children). A removal that
+    /// meets a node at its minimum copies both siblings it rebalances
+    /// (copy-on-write, for the readers that may hold them; an inner node's
+    /// copy touches every child's reference count), so a lower minimum
+    /// makes those copies rarer: `bench micro --engine hash --op delete`
+    /// ran about 15% faster at a quarter than at half (BENCHMARKS.md,
+    /// thirteenth session). After many removals nodes may be a quarter
+    /// full, so a range reads up to twice as many leaves and the tree may
+    /// be a level deeper than at half.
     fn min(&self, node: &Node<V>) -> usize {
-        self.max(node) / 2
+        match node {
+            Node::Leaf(_) => (self.leaf / 4).max(1),
+            Node::Inner { .. } => (self.order / 4).max(2),
+        }
     }
 
     pub fn len(&self) -> u64 {

@@ -22,7 +22,8 @@ impl<S: Space> Db<S> {
     /// `f` runs inside the read, which holds back the reclamation of
     /// replaced values meanwhile, so keep it short and do not block in it.
     /// On a hash pool it runs under the table's read lock (writers wait for
-    /// it), so it must not write to this `Db`.
+    /// it), so it must not call into this `Db`: a write would wait for it,
+    /// and a second read could queue behind a waiting writer.
     ///
     /// ```no_run
     /// # let db = nvstore::Db::open("/dev/shm/doc.pool", nvstore::Options::default())?;

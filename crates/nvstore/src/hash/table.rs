@@ -306,7 +306,8 @@ impl<S: Space> HashTable<S> {
     /// Lends the newest value of `key` to `f` where it lies (in its slot or
     /// its blob), without copying it out: a read allocates nothing. `f`
     /// runs under the table's read lock (writers wait meanwhile, and no
-    /// blob a reader can reach is freed), so it should be short.
+    /// blob a reader can reach is freed), so it should be short and must
+    /// not call into the table again (the lock is not reentrant).
     pub fn get_with<R>(&self, key: &[u8], f: impl FnOnce(&[u8]) -> R) -> Option<R> {
         let st = self.state.read();
         let newest = self.find_newest(&st, l::hash(key), key)?;

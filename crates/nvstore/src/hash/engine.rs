@@ -344,27 +344,26 @@ impl<S: Space> HashEngine<S> {
 
     /// Pairs with keys between `lo` and `hi`, in key order or reversed.
     pub fn range(self: &Arc<Self>, lo: RB<Vec<u8>>, hi: RB<Vec<u8>>, reverse: bool) -> HashIter<S> {
+        HashIter {
+            engine: self.clone(),
+            keys: self.keys(&lo, &hi, reverse),
+            error: (!self.indexed).then(no_index),
+            reported: false,
+        }
+    }
+
+    /// The ordered index's keys in `lo..hi` (descending with `reverse`);
+    /// `None` on a pool kept without the index.
+    fn keys(&self, lo: &RB<Vec<u8>>, hi: &RB<Vec<u8>>, reverse: bool) -> Option<index::Iter<()>> {
         fn b(x: &RB<Vec<u8>>) -> RB<&[u8]> {
             x.as_ref().map(Vec::as_slice)
         }
         if !self.indexed {
-            return HashIter {
-                engine: self.clone(),
-                keys: None,
-                error: Some(no_index()),
-                reported: false,
-            };
-        }
-        let keys = if reverse {
-            self.index.range_rev(b(&lo), b(&hi))
+            None
+        } else if reverse {
+            Some(self.index.range_rev(b(lo), b(hi)))
         } else {
-            self.index.range(b(&lo), b(&hi))
-        };
-        HashIter {
-            engine: self.clone(),
-            keys: Some(keys),
-            error: None,
-            reported: false,
+            Some(self.index.range(b(lo), b(hi)))
         }
     }
 }
@@ -379,11 +378,11 @@ impl<S: Space> HashEngine<S> {
         reverse: bool,
         mut f: impl FnMut(&[u8], &[u8]) -> std::ops::ControlFlow<()>,
     ) -> Result<()> {
-        if !self.indexed {
-            return Err(no_index());
-        }
-        for (k, v) in self.range(lo, hi, reverse) {
-            if f(&k, &v).is_break() {
+        let keys = self.keys(&lo, &hi, reverse).ok_or_else(no_index)?;
+        // Each value is lent where it lies (`HashTable::get_with`), not
+        // copied out; a key removed since the index named it is skipped.
+        for (k, ()) in keys {
+            if self.table.get_with(&k, |v| f(&k, v)).is_some_and(|c| c.is_break()) {
                 break;
             }
         }

@@ -643,7 +643,7 @@ impl<S: Space> HashTable<S> {
                 }
             }
             for (key, found) in newest {
-                f(&key, &slot_value(&*self.space, &found.words, found.meta));
+                with_slot_value(&*self.space, &found.words, found.meta, |v| f(&key, v));
             }
         }
     }
@@ -1067,10 +1067,6 @@ fn slot_key_eq<S: Space>(s: &S, w: &Slot, meta: Meta, key: &[u8]) -> bool {
                 && blob::cmp_key_at(s, blob::key_at(w[1]), key.len() as u64, key).is_eq()
         }
     }
-}
-
-fn slot_value<S: Space>(s: &S, w: &Slot, meta: Meta) -> Vec<u8> {
-    with_slot_value(s, w, meta, <[u8]>::to_vec)
 }
 
 /// Lends a slot's value to `f`: from the slot when inline, else in place

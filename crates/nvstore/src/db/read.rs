@@ -42,7 +42,8 @@ impl<S: Space> Db<S> {
     /// [`ControlFlow::Break`]. The scan reads one leaf at a time (as
     /// [`Db::range`] does) and `f` runs while that leaf's read is in
     /// progress: keep it short. Stops at the first damaged leaf with its
-    /// [`Error::Corrupt`].
+    /// [`Error::Corrupt`]. On a hash pool `f` runs under the table's read
+    /// lock, as for [`Db::get_with`], so it must not call into this `Db`.
     ///
     /// ```no_run
     /// # use std::ops::ControlFlow;

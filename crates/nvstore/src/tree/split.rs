@@ -277,11 +277,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
         self.adaptive.leaves.fetch_sub(remove as u64, Ordering::Relaxed);
         let mut entries = pln.entries.clone();
         entries.splice(f.pos..f.pos + remove, fresh);
-        if entries.len() <= pln.limit {
-            idx.plns[f.pln].store(Arc::new(Pln::new(entries, pln.limit)));
-        } else {
-            self.rebuild_from_plns(idx, f.pln, entries);
-        }
+        self.replace_pln(idx, f.pln, &pln, entries);
         leaf.dead.store(true, Ordering::Release);
         if let Some((r, _)) = &merged {
             r.leaf.dead.store(true, Ordering::Release);
@@ -352,11 +348,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
         let pln = idx.plns[f.pln].load();
         let mut entries = pln.entries.clone();
         entries.splice(f.pos..f.pos + 1, fresh);
-        if entries.len() <= pln.limit {
-            idx.plns[f.pln].store(Arc::new(Pln::new(entries, pln.limit)));
-        } else {
-            self.rebuild_from_plns(idx, f.pln, entries);
-        }
+        self.replace_pln(idx, f.pln, &pln, entries);
         self.stats.splits.fetch_add(1, Ordering::Relaxed);
         Ok(size)
     }
@@ -433,6 +425,18 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
             std::cmp::Ordering::Equal => 0,
         };
         new
+    }
+
+    /// Puts `entries` in place of PLN `p`'s (`pln`, its current value);
+    /// rebuilds the index instead when they overflow the PLN's limit or
+    /// the tree has outgrown the index ([`Index::outgrown`]).
+    fn replace_pln(&self, idx: &Index<L::State>, p: usize, pln: &Pln<L::State>, entries: Vec<Entry<L::State>>) {
+        let leaves = idx.note_leaves(pln.entries.len(), entries.len());
+        if entries.len() <= pln.limit && !idx.outgrown(leaves) {
+            idx.plns[p].store(Arc::new(Pln::new(entries, pln.limit)));
+        } else {
+            self.rebuild_from_plns(idx, p, entries);
+        }
     }
 
     /// Rebuild-from-PLN (NV-Tree §4.5): a PLN overflowed; lay every entry

@@ -439,8 +439,9 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
         }
     }
 
-    /// Rebuild-from-PLN (NV-Tree §4.5): a PLN overflowed; lay every entry
-    /// out in a new index. Searches keep using the old one until the swap.
+    /// Rebuild-from-PLN (NV-Tree §4.5): a PLN overflowed, or the tree
+    /// outgrew the index; lay every entry out in a new index. Searches
+    /// keep using the old one until the swap.
     fn rebuild_from_plns(&self, idx: &Index<L::State>, changed: usize, changed_entries: Vec<Entry<L::State>>) {
         let t = Instant::now();
         let mut all = Vec::with_capacity(idx.leaf_count() + 1);

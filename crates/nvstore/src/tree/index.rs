@@ -17,7 +17,7 @@
 //! predecessor's bound (likewise empty).
 
 use std::cmp::Ordering;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering as AtomicOrdering};
+use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
@@ -225,10 +225,8 @@ pub struct Index<St> {
     pub pln_limit: usize,
     /// PLNs given a larger limit as hot-write at this build.
     pub hot_plns: usize,
-    /// Leaves this index was built over, and how many its PLNs hold now
-    /// (kept by [`Index::note_leaves`]): see [`Index::outgrown`].
+    /// Leaves this index was built over: see [`Index::outgrown`].
     built_leaves: usize,
-    leaves: AtomicUsize,
 }
 
 /// When a PLN overflows. The paper's PLNs have a fixed size, so a write
@@ -344,18 +342,7 @@ impl<St> Index<St> {
             pln_limit: limit,
             hot_plns,
             built_leaves: n_entries,
-            leaves: AtomicUsize::new(n_entries),
         }
-    }
-
-    /// Records that a PLN's entries changed from `before` to `after` (a
-    /// split adds one, a merge takes one away) and returns how many leaves
-    /// the PLNs hold now. Writers that change PLNs hold the tree's
-    /// structure lock, so the count is exact.
-    pub fn note_leaves(&self, before: usize, after: usize) -> usize {
-        let now = self.leaves.load(AtomicOrdering::Relaxed) + after - before;
-        self.leaves.store(now, AtomicOrdering::Relaxed);
-        now
     }
 
     /// Whether an index holding `leaves` leaves has grown half again past
@@ -367,8 +354,8 @@ impl<St> Index<St> {
     /// capacity reads its words and slots from two more allocations per
     /// lookup. Rebuilding at each growth by half costs every leaf about
     /// three copies over the tree's life.
-    pub fn outgrown(&self, leaves: usize) -> bool {
-        2 * leaves > 3 * self.built_leaves.max(PLN_FILL)
+    pub fn outgrown(&self, leaves: u64) -> bool {
+        2 * leaves > 3 * self.built_leaves.max(PLN_FILL) as u64
     }
 
     /// Algorithm 1 (FINDLEAF): descend the pointerless INs to a PLN id.

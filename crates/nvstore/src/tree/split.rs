@@ -273,8 +273,6 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
             .collect();
         let pln = idx.plns[f.pln].load();
         let remove = if merged.is_some() { 2 } else { 1 };
-        self.adaptive.leaves.fetch_add(parts, Ordering::Relaxed);
-        self.adaptive.leaves.fetch_sub(remove as u64, Ordering::Relaxed);
         let mut entries = pln.entries.clone();
         entries.splice(f.pos..f.pos + remove, fresh);
         self.replace_pln(idx, f.pln, &pln, entries);
@@ -427,29 +425,39 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
         new
     }
 
-    /// Puts `entries` in place of PLN `p`'s (`pln`, its current value);
-    /// rebuilds the index instead when they overflow the PLN's limit or
-    /// the tree has outgrown the index ([`Index::outgrown`]).
+    /// Puts `entries` in place of PLN `p`'s (`pln`, its current value),
+    /// and counts the leaves gained or lost (the profile's `N_LN`); rebuilds
+    /// the index instead when they overflow the PLN's limit or the tree has
+    /// outgrown the index ([`Index::outgrown`]). Every rewrite's leaves
+    /// reach the index here, under the structure lock, so the count is
+    /// exact.
     fn replace_pln(&self, idx: &Index<L::State>, p: usize, pln: &Pln<L::State>, entries: Vec<Entry<L::State>>) {
-        let leaves = idx.note_leaves(pln.entries.len(), entries.len());
+        let leaves = self.adaptive.leaves.load(Ordering::Relaxed) + entries.len() as u64 - pln.entries.len() as u64;
+        self.adaptive.leaves.store(leaves, Ordering::Relaxed);
         if entries.len() <= pln.limit && !idx.outgrown(leaves) {
             idx.plns[p].store(Arc::new(Pln::new(entries, pln.limit)));
         } else {
-            self.rebuild_from_plns(idx, p, entries);
+            self.rebuild_from_plns(idx, p, entries, leaves as usize);
         }
     }
 
     /// Rebuild-from-PLN (NV-Tree §4.5): a PLN overflowed, or the tree
     /// outgrew the index; lay every entry out in a new index. Searches
-    /// keep using the old one until the swap.
-    fn rebuild_from_plns(&self, idx: &Index<L::State>, changed: usize, changed_entries: Vec<Entry<L::State>>) {
+    /// keep using the old one until the swap. `leaves` is how many entries the PLNs hold with `changed_entries`.
+    fn rebuild_from_plns(
+        &self,
+        idx: &Index<L::State>,
+        changed: usize,
+        changed_entries: Vec<Entry<L::State>>,
+        leaves: usize,
+    ) {
         let t = Instant::now();
-        let mut all = Vec::with_capacity(idx.leaf_count() + 1);
+        let mut all = Vec::with_capacity(leaves);
+        let mut changed_entries = Some(changed_entries);
         for (p, pln) in idx.plns[..idx.used_plns].iter().enumerate() {
-            if p == changed {
-                all.extend(changed_entries.iter().cloned());
-            } else {
-                all.extend(pln.load().entries.iter().cloned());
+            match changed_entries.take_if(|_| p == changed) {
+                Some(moved) => all.extend(moved),
+                None => all.extend(pln.load().entries.iter().cloned()),
             }
         }
         let new = Index::build_adaptive(all, idx.generation + 1, self.adaptive.on());

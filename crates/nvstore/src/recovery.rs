@@ -230,7 +230,8 @@ fn rebuild_from_leaves<S: Space, L: LeafFormat>(
 }
 
 /// A saved clean state: live keys, the index entries, the allocated blocks.
-type SavedTree<St> = (u64, Vec<Entry<St>>, Vec<u64>);
+/// Key count, index entries, free-list words, and the clock when saved.
+type SavedTree<St> = (u64, Vec<Entry<St>>, Vec<u64>, Option<u64>);
 
 /// Loads the clean-shutdown state; `None` when it does not verify (then
 /// the caller rebuilds from the leaves).
@@ -296,10 +297,13 @@ fn load_saved<S: Space, L: LeafFormat>(
             });
         }
         let na = it.next()? as usize;
-        let alloc: Vec<u64> = it.take(na).collect();
-        (alloc.len() == na && !entries.is_empty()).then_some((keys, entries, alloc))
+        let alloc: Vec<u64> = (&mut *it).take(na).collect();
+        // The clock, under the checksum (saved states from before it was
+        // kept here end with the free lists: the header's word stands in).
+        let clock = it.next();
+        (alloc.len() == na && !entries.is_empty()).then_some((keys, entries, alloc, clock))
     };
-    let Some((keys, entries, alloc_words)) = parse(&mut it) else {
+    let Some((keys, entries, alloc_words, saved_clock)) = parse(&mut it) else {
         return Ok(None);
     };
     // The saved leaves must be exactly the persistent chain, in order.
@@ -315,7 +319,12 @@ fn load_saved<S: Space, L: LeafFormat>(
         return Ok(None);
     }
     let alloc = Arc::new(alloc);
-    let last_ts = header::last_ts(s).max(header::txn_committed(s));
+    // The header's clock word is a root word no checksum covers: a damaged
+    // one below the stored versions would hand out timestamps older than
+    // them. The sealed copy is trusted instead wherever there is one.
+    let last_ts = saved_clock
+        .unwrap_or_else(|| header::last_ts(s))
+        .max(header::txn_committed(s));
     let tree = Tree::assemble(space.clone(), alloc, entries, h.node_size as u64, keys, last_ts);
     Ok(Some((tree, at)))
 }
@@ -355,6 +364,7 @@ pub fn save_clean<S: Space, L: LeafFormat>(tree: &Tree<S, L>) -> Result<()> {
         let a = tree.alloc.save();
         body.push(a.len() as u64);
         body.extend(a);
+        body.push(tree.clock.last());
         let sealed = saved::seal(&body);
         if sealed.len() > room {
             tree.alloc.free(block);
@@ -368,6 +378,7 @@ pub fn save_clean<S: Space, L: LeafFormat>(tree: &Tree<S, L>) -> Result<()> {
         // orders this flush too, and a clean word that reaches the media
         // before the state does is harmless: the state fails its checksum or
         // its tag, and the next open rebuilds from the leaves.
+        // Also in the header, for builds that read the clock from there.
         header::set_last_ts(s, tree.clock.last());
         header::set_clean_state(s, saved::clean_word(block, &sealed));
         return s.sync();

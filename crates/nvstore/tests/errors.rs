@@ -454,3 +454,123 @@ fn version_0_is_refused_as_not_written_by_nvstore() {
     });
     assert!(msg.contains("not written by nvstore"), "{msg}");
 }
+
+/// The header's clock word (offset 88) is a root word outside every
+/// checksum. A cleanly closed pool whose word was lowered below the stored
+/// versions still opens with the clock it was closed with (the saved state
+/// keeps a sealed copy), so later writes sort after the stored ones.
+#[test]
+fn lowered_clock_word_of_a_clean_pool_is_not_trusted() {
+    let d = dir();
+    let p = make_pool(d.path());
+    let mut b = std::fs::read(&p).unwrap();
+    let clock = u64::from_le_bytes(b[88..96].try_into().unwrap());
+    assert!(clock >= 2000, "one timestamp per put: {clock}");
+    b[88..96].copy_from_slice(&1u64.to_le_bytes());
+    std::fs::write(&p, &b).unwrap();
+    let rw = Options {
+        create: false,
+        ..Options::default()
+    };
+    let db = Db::open(&p, rw.clone()).unwrap();
+    assert_eq!(db.recovery().kind, RecoveryKind::Instant);
+    let snap = db.snapshot().unwrap();
+    assert!(
+        snap.ts() >= clock,
+        "clock {} below the stored versions ({clock})",
+        snap.ts()
+    );
+    drop(snap);
+    // Overwrites and new keys, enough for splits and replaces.
+    for round in 1..4u64 {
+        for i in (0..4000u64).step_by(3) {
+            db.put(&i.to_be_bytes(), &(i * round).to_le_bytes()).unwrap();
+        }
+    }
+    let r = db.check();
+    assert!(r.ok, "{:?}", r.problems);
+    for i in (0..4000u64).step_by(3) {
+        assert_eq!(db.get(&i.to_be_bytes()).unwrap(), Some((i * 3).to_le_bytes().to_vec()));
+    }
+    db.close().unwrap();
+    let db = Db::open(&p, rw).unwrap();
+    assert!(db.check().ok);
+    assert_eq!(db.get(&3u64.to_be_bytes()).unwrap(), Some(9u64.to_le_bytes().to_vec()));
+}
+
+/// A damaged version word in a cleanly closed pool, far above the clock
+/// (no write in this test reaches it)
+/// and resealed so that its element's check bits still hold: the rewrite
+/// that would carry it into a new leaf (where later writes of its key would
+/// sort below it) fails with `Corrupt` instead, and `check` names it.
+#[test]
+fn version_above_the_clock_is_refused_by_a_rewrite() {
+    use nvstore::format::leaf_nv::{full_start, seal, unseal, SealAt, CONT, VERSION_MASK};
+    let d = dir();
+    let p = make_pool(d.path());
+    let mut b = std::fs::read(&p).unwrap();
+    let word = |b: &[u8], at: usize| u64::from_le_bytes(b[at..at + 8].try_into().unwrap());
+    let clock = word(&b, 88);
+    // The first leaf with a full element (as in `check_reports_corruption`).
+    let mut head = word(&b, 72) as usize;
+    while word(&b, head) == word(&b, head + 24) {
+        head = word(&b, head + 8) as usize;
+        assert_ne!(head, 0, "no leaf with a full element");
+    }
+    // Its last element (no element after it chains on its words), resealed.
+    let (count, compact, stamp) = (word(&b, head), word(&b, head + 24), word(&b, head + 40));
+    assert_ne!(stamp, 0, "a sealed leaf");
+    let last = count - 1;
+    let at = head + full_start(compact) as usize + (last - compact) as usize * 32;
+    let stored: [u64; 4] = std::array::from_fn(|j| word(&b, at + 8 * j));
+    let chain = if last > compact {
+        [word(&b, at - 32 + 8), word(&b, at - 32 + 24)]
+    } else {
+        [0, 0]
+    };
+    let seal_at = SealAt {
+        leaf: head as u64,
+        stamp,
+        slot: last,
+        chain,
+    };
+    let mut w = unseal(stored);
+    w[3] = (w[3] & !VERSION_MASK) | (clock + (1 << 40));
+    let damaged = seal(w, stored[3] & CONT != 0, &seal_at);
+    for (j, x) in damaged.iter().enumerate() {
+        b[at + 8 * j..at + 8 * j + 8].copy_from_slice(&x.to_le_bytes());
+    }
+    std::fs::write(&p, &b).unwrap();
+    let db = Db::open(
+        &p,
+        Options {
+            create: false,
+            ..Options::default()
+        },
+    )
+    .unwrap();
+    let r = db.check();
+    assert!(
+        (r.problems.iter()).any(|x| x.contains("newer than the clock")),
+        "{:?}",
+        r.problems
+    );
+    // New keys next to every old one (an overwrite of the damaged key would
+    // drop its element instead), until a split reaches the damaged leaf.
+    let mut refused = None;
+    'out: for round in 1..20u8 {
+        for i in 0..2000u64 {
+            let mut k = i.to_be_bytes().to_vec();
+            k.push(round);
+            if let Err(e) = db.put(&k, &i.to_le_bytes()) {
+                refused = Some(e);
+                break 'out;
+            }
+        }
+    }
+    let e = refused.expect("no write reached the damaged element");
+    assert!(
+        matches!(e, Error::Corrupt { .. }) && e.to_string().contains("newer than the clock"),
+        "{e}"
+    );
+}

@@ -63,7 +63,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
         // then exceed a full element of a key of this leaf.
         let oldest = self.clock.oldest();
         let c = L::collate_leaf(&*self.space, &leaf, Keep::Since(oldest), &RB::Unbounded, &RB::Unbounded);
-        self.keys_in_bounds(&leaf, &c.valid, &f.low, &f.high)?;
+        self.sound_to_rewrite(&leaf, &c.valid, &f.low, &f.high)?;
         // The minimal fill factor is half of this leaf's own capacity
         // (NV-Tree §4.4), whatever size adaptivity gave it.
         let min_fill = L::capacity(leaf.size) / 2;
@@ -158,7 +158,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
                     &RB::Unbounded,
                     &RB::Unbounded,
                 );
-                self.keys_in_bounds(&r.leaf, &rc.valid, &f.high, &r.max)?;
+                self.sound_to_rewrite(&r.leaf, &rc.valid, &f.high, &r.max)?;
                 valid.extend(rc.valid); // every key of the right sibling is above the left's
                 dropped_blobs.extend(rc.dropped_blobs);
                 let r_next = L::next(&*self.space, r.leaf.off);
@@ -352,26 +352,33 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
     }
 
     /// The collated (key-ordered) elements of `leaf` lie above `low` and up
-    /// to `high`. A leaf's own checks know no bounds, so a damaged key word
-    /// that left them is caught here, before a rewrite carries it into a
-    /// leaf where no lookup would find it: the tree refuses writes from
-    /// then on, as for any damaged leaf.
-    fn keys_in_bounds(&self, leaf: &Leaf<L>, valid: &[Slot], low: &Bound, high: &Bound) -> Result<()> {
+    /// to `high`, and no version among them is newer than the clock. A
+    /// leaf's own checks know neither, so a damaged key word that left the
+    /// bounds, or a damaged version word, is caught here, before a rewrite
+    /// carries it into a leaf where no lookup would find it or where later
+    /// writes would sort below it: the tree refuses writes from then on, as
+    /// for any damaged leaf.
+    fn sound_to_rewrite(&self, leaf: &Leaf<L>, valid: &[Slot], low: &Bound, high: &Bound) -> Result<()> {
         let outside = |e: &Slot| e.with_key(|k| low.covers(k) || !high.covers(k));
-        match valid.iter().take(1).chain(valid.last()).find(|e| outside(e)) {
-            None => Ok(()),
-            Some(e) => {
-                self.damaged.store(true, Ordering::Relaxed);
-                Err(Error::corrupt_at(
-                    leaf.off,
-                    format!(
-                        "leaf at offset {} holds key {:?} outside its key range",
-                        leaf.off,
-                        String::from_utf8_lossy(&e.key())
-                    ),
-                ))
-            }
-        }
+        let clock = self.clock.last();
+        let problem = if let Some(e) = valid.iter().take(1).chain(valid.last()).find(|e| outside(e)) {
+            format!(
+                "leaf at offset {} holds key {:?} outside its key range",
+                leaf.off,
+                String::from_utf8_lossy(&e.key())
+            )
+        } else if let Some(e) = valid.iter().find(|e| e.version() > clock) {
+            format!(
+                "leaf at offset {} holds key {:?} at version {}, newer than the clock ({clock})",
+                leaf.off,
+                String::from_utf8_lossy(&e.key()),
+                e.version()
+            )
+        } else {
+            return Ok(());
+        };
+        self.damaged.store(true, Ordering::Relaxed);
+        Err(Error::corrupt_at(leaf.off, problem))
     }
 
     /// Test and debug builds: every invariant `check` audits holds for a

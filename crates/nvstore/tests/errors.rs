@@ -301,20 +301,28 @@ fn flush_override_and_read_only() {
     assert!(std::fs::read(&p).unwrap() == before, "read-only open changed the file");
 }
 
+/// Offset of the first leaf on the chain of the nv pool image `b` that
+/// holds a full element (leaves a split built may hold compact entries
+/// only, which have no meta word).
+fn first_leaf_with_a_full_element(b: &[u8]) -> usize {
+    let word = |at: usize| u64::from_le_bytes(b[at..at + 8].try_into().unwrap());
+    let mut head = word(72) as usize;
+    while word(head) == word(head + 24) {
+        head = word(head + 8) as usize; // count == compact: next leaf
+        assert_ne!(head, 0, "no leaf with a full element");
+    }
+    head
+}
+
 #[test]
 fn check_reports_corruption() {
     let d = dir();
     let p = make_pool(d.path());
-    // Walk the chain from the header to the first leaf with a full element
-    // (leaves a split built hold compact entries, which have no meta word)
-    // and damage that element's metadata.
+    // Damage the metadata of the first full element of the first leaf
+    // that has one.
     let mut b = std::fs::read(&p).unwrap();
+    let head = first_leaf_with_a_full_element(&b);
     let word = |b: &[u8], at: usize| u64::from_le_bytes(b[at..at + 8].try_into().unwrap());
-    let mut head = word(&b, 72) as usize;
-    while word(&b, head) == word(&b, head + 24) {
-        head = word(&b, head + 8) as usize; // count == compact: next leaf
-        assert_ne!(head, 0, "no leaf with a full element");
-    }
     let meta = head + nvstore::format::leaf_nv::full_start(word(&b, head + 24)) as usize + 24;
     let kept = b[meta + 7];
     b[meta + 7] = 0x7f; // invalid length nibbles
@@ -499,8 +507,8 @@ fn lowered_clock_word_of_a_clean_pool_is_not_trusted() {
 }
 
 /// A damaged version word in a cleanly closed pool, far above the clock
-/// (no write in this test reaches it)
-/// and resealed so that its element's check bits still hold: the rewrite
+/// (no write in this test reaches it) and resealed so that its element's
+/// check bits still hold: the rewrite
 /// that would carry it into a new leaf (where later writes of its key would
 /// sort below it) fails with `Corrupt` instead, and `check` names it.
 #[test]
@@ -511,12 +519,7 @@ fn version_above_the_clock_is_refused_by_a_rewrite() {
     let mut b = std::fs::read(&p).unwrap();
     let word = |b: &[u8], at: usize| u64::from_le_bytes(b[at..at + 8].try_into().unwrap());
     let clock = word(&b, 88);
-    // The first leaf with a full element (as in `check_reports_corruption`).
-    let mut head = word(&b, 72) as usize;
-    while word(&b, head) == word(&b, head + 24) {
-        head = word(&b, head + 8) as usize;
-        assert_ne!(head, 0, "no leaf with a full element");
-    }
+    let head = first_leaf_with_a_full_element(&b);
     // Its last element (no element after it chains on its words), resealed.
     let (count, compact, stamp) = (word(&b, head), word(&b, head + 24), word(&b, head + 40));
     assert_ne!(stamp, 0, "a sealed leaf");

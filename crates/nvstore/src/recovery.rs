@@ -73,8 +73,16 @@ pub fn open_tree<S: Space, L: LeafFormat>(space: Arc<S>, h: &header::Header) -> 
     let node_size = h.node_size as u64;
     if clean != 0 {
         if let Some(loaded) = load_saved::<S, L>(&space, h, clean)? {
-            let (tree, saved_block) = loaded;
+            let (tree, saved_block, sealed_commit) = loaded;
             if s.writable() {
+                // The commit record is a root word no checksum covers. Lowered
+                // by damage, it would let the next crash's rebuild take the
+                // committed transactions' elements for a cut-short one and drop
+                // them: restore the sealed copy, durably, while the clean word
+                // still names the state that holds it.
+                if sealed_commit.is_some_and(|c| c > header::txn_committed(s)) {
+                    header::set_txn_committed(s, sealed_commit.unwrap_or(0));
+                }
                 // Cleared before any other write: from here on a crash means rebuild.
                 header::set_clean_state(s, 0);
             }
@@ -230,8 +238,13 @@ fn rebuild_from_leaves<S: Space, L: LeafFormat>(
 }
 
 /// A saved clean state: live keys, the index entries, the allocated blocks.
-/// Key count, index entries, free-list words, and the clock when saved.
-type SavedTree<St> = (u64, Vec<Entry<St>>, Vec<u64>, Option<u64>);
+/// Key count, index entries, free-list words, and the clock and the
+/// multi-leaf commit record when saved.
+type SavedTree<St> = (u64, Vec<Entry<St>>, Vec<u64>, Option<u64>, Option<u64>);
+
+/// A loaded clean state: the tree, the saved block (free once loaded), and
+/// the multi-leaf commit record sealed with it (`None` from older builds).
+type Loaded<S, L> = (Tree<S, L>, u64, Option<u64>);
 
 /// Loads the clean-shutdown state; `None` when it does not verify (then
 /// the caller rebuilds from the leaves).
@@ -239,7 +252,7 @@ fn load_saved<S: Space, L: LeafFormat>(
     space: &Arc<S>,
     h: &header::Header,
     clean_word: u64,
-) -> Result<Option<(Tree<S, L>, u64)>> {
+) -> Result<Option<Loaded<S, L>>> {
     let s = &**space;
     let pool = header::pool_size(s);
     let (at, tag) = saved::clean_parts(clean_word);
@@ -298,12 +311,14 @@ fn load_saved<S: Space, L: LeafFormat>(
         }
         let na = it.next()? as usize;
         let alloc: Vec<u64> = (&mut *it).take(na).collect();
-        // The clock, under the checksum (saved states from before it was
-        // kept here end with the free lists: the header's word stands in).
+        // The clock and the commit record, under the checksum (saved states
+        // from before they were kept here end earlier: the header's words
+        // stand in).
         let clock = it.next();
-        (alloc.len() == na && !entries.is_empty()).then_some((keys, entries, alloc, clock))
+        let commit = it.next();
+        (alloc.len() == na && !entries.is_empty()).then_some((keys, entries, alloc, clock, commit))
     };
-    let Some((keys, entries, alloc_words, saved_clock)) = parse(&mut it) else {
+    let Some((keys, entries, alloc_words, saved_clock, saved_commit)) = parse(&mut it) else {
         return Ok(None);
     };
     // The saved leaves must be exactly the persistent chain, in order.
@@ -324,9 +339,10 @@ fn load_saved<S: Space, L: LeafFormat>(
     // them. The sealed copy is trusted instead wherever there is one.
     let last_ts = saved_clock
         .unwrap_or_else(|| header::last_ts(s))
-        .max(header::txn_committed(s));
+        .max(header::txn_committed(s))
+        .max(saved_commit.unwrap_or(0));
     let tree = Tree::assemble(space.clone(), alloc, entries, h.node_size as u64, keys, last_ts);
-    Ok(Some((tree, at)))
+    Ok(Some((tree, at, saved_commit)))
 }
 
 /// Saves the inner index and free lists and marks the pool clean (NV-Tree
@@ -365,6 +381,7 @@ pub fn save_clean<S: Space, L: LeafFormat>(tree: &Tree<S, L>) -> Result<()> {
         body.push(a.len() as u64);
         body.extend(a);
         body.push(tree.clock.last());
+        body.push(header::txn_committed(s));
         let sealed = saved::seal(&body);
         if sealed.len() > room {
             tree.alloc.free(block);

@@ -19,7 +19,9 @@
 //! - `txn_commit` is the commit record of multi-leaf transactions: the
 //!   timestamp of the last one committed (NV-Tree §6.1.1). Such transactions
 //!   commit one at a time, so elements flagged TXN with a newer version
-//!   belong to the one that was cut short by a crash.
+//!   belong to the one that was cut short by a crash. A clean close seals a
+//!   copy in its saved state; a writable open restores a lowered word from it
+//!   (`recovery::open_tree`).
 //! - `calibration` caches the adaptive model's `T_r`/`T_w` measured at open
 //!   (`tree::adaptive::Model::encode`): a hint, never needed for recovery;
 //!   the second word, stored last, carries a check of the first.
@@ -356,12 +358,6 @@ pub fn set_pool_size<S: Space>(space: &S, size: u64) {
     set_root(space, POOL_SIZE_OFF, size);
 }
 
-/// Address of the `txn_commit` word: the newest multi-leaf commit record.
-#[inline]
-pub const fn txn_commit_word() -> u64 {
-    TXN_COMMIT_OFF
-}
-
 /// Address of the pool-size root word (tests build headers by hand).
 #[cfg(test)]
 pub const fn pool_size_word() -> u64 {
@@ -383,6 +379,12 @@ pub fn data_start<S: Space>(space: &S) -> u64 {
 /// The newest multi-leaf commit record (`txn_commit`).
 pub fn txn_committed<S: Space>(space: &S) -> u64 {
     space.load(TXN_COMMIT_OFF)
+}
+
+/// Stores the multi-leaf commit record and persists it: a commit, or an
+/// open restoring the copy a clean close sealed (`recovery::open_tree`).
+pub fn set_txn_committed<S: Space>(space: &S, ts: u64) {
+    space.publish(TXN_COMMIT_OFF, ts, points::TXN_COMMIT_FLUSH, points::TXN_COMMIT_FENCE);
 }
 
 /// Header checksum: CRC-32 (crc32fast) widened to a word.

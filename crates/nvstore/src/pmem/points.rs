@@ -67,7 +67,9 @@ points! {
     /// Split/replace/merge: the sibling pointer that swaps the new leaves in.
     NV_LINK_FLUSH = "nv.link.flush";
     NV_LINK_FENCE = "nv.link.fence";
-    /// Multi-leaf transaction: the header's commit record, after every leaf's append.
+    /// Multi-leaf transaction: the header's commit record, after every leaf's
+    /// append; also a writable open restoring the record a clean close sealed,
+    /// before the clean word is cleared (`tests/crash.rs` covers that use).
     TXN_COMMIT_FLUSH = "txn.commit.flush";
     TXN_COMMIT_FENCE = "txn.commit.fence";
     /// Recovery: a leaf's count lowered below the elements of a transaction

@@ -12,7 +12,7 @@ use super::split::Goal;
 use super::{check_key, check_sizes, Leaf, Tree};
 use crate::error::{Error, Result};
 use crate::format::{element, header};
-use crate::pmem::{points, Space};
+use crate::pmem::Space;
 
 impl<S: Space, L: LeafFormat> Tree<S, L> {
     /// One leaf's part of a commit: checks its keys for conflicts and lists,
@@ -269,10 +269,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
                 counts.push((n + elems.len() as u64, plan.len() as u64));
             }
             if multi {
-                let commit = header::txn_commit_word();
-                self.space.store(commit, w.ts);
-                self.space.flush(commit, 8, points::TXN_COMMIT_FLUSH);
-                self.space.fence(points::TXN_COMMIT_FENCE);
+                header::set_txn_committed(&*self.space, w.ts);
                 self.stats.multi_leaf_commits.fetch_add(1, Ordering::Relaxed);
             }
             for ((leaf, _), (n, lookups)) in groups.iter().zip(counts) {

@@ -80,8 +80,8 @@ pub fn open_tree<S: Space, L: LeafFormat>(space: Arc<S>, h: &header::Header) -> 
                 // committed transactions' elements for a cut-short one and drop
                 // them: restore the sealed copy, durably, while the clean word
                 // still names the state that holds it.
-                if sealed_commit.is_some_and(|c| c > header::txn_committed(s)) {
-                    header::set_txn_committed(s, sealed_commit.unwrap_or(0));
+                if let Some(c) = sealed_commit.filter(|&c| c > header::txn_committed(s)) {
+                    header::set_txn_committed(s, c);
                 }
                 // Cleared before any other write: from here on a crash means rebuild.
                 header::set_clean_state(s, 0);

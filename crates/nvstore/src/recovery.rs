@@ -246,22 +246,22 @@ type SavedTree<St> = (u64, Vec<Entry<St>>, Vec<u64>, Option<u64>, Option<u64>);
 /// the multi-leaf commit record sealed with it (`None` from older builds).
 type Loaded<S, L> = (Tree<S, L>, u64, Option<u64>);
 
-/// Loads the clean-shutdown state; `None` when it does not verify (then
-/// the caller rebuilds from the leaves).
-fn load_saved<S: Space, L: LeafFormat>(
-    space: &Arc<S>,
+/// Reads the state the clean word names, with its offset; `None` when it
+/// does not verify (magic, length, checksum, the clean word's tag, every
+/// leaf's size and count).
+fn read_saved<S: Space, L: LeafFormat>(
+    s: &S,
     h: &header::Header,
     clean_word: u64,
-) -> Result<Option<Loaded<S, L>>> {
-    let s = &**space;
+) -> Option<(SavedTree<L::State>, u64)> {
     let pool = header::pool_size(s);
     let (at, tag) = saved::clean_parts(clean_word);
     if !at.is_multiple_of(LINE) || at < h.data_start || at > pool.saturating_sub(16) {
-        return Ok(None);
+        return None;
     }
     let words = saved::words_at(s, at) as usize;
     if words < saved::BODY_W || words as u64 > (pool - at) / 8 {
-        return Ok(None);
+        return None;
     }
     let mut bytes = vec![0u8; words * 8];
     s.read(at, &mut bytes);
@@ -269,10 +269,10 @@ fn load_saved<S: Space, L: LeafFormat>(
         .chunks(8)
         .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
         .collect();
-    let Some(body) = saved::open(&all) else { return Ok(None) };
+    let body = saved::open(&all)?;
     // A stale saved state left at the same offset by an earlier close has another checksum.
     if saved::tag(&all) != tag {
-        return Ok(None);
+        return None;
     }
     let mut it = body.iter().copied();
     let parse = |it: &mut dyn Iterator<Item = u64>| -> Option<SavedTree<L::State>> {
@@ -318,13 +318,67 @@ fn load_saved<S: Space, L: LeafFormat>(
         let commit = it.next();
         (alloc.len() == na && !entries.is_empty()).then_some((keys, entries, alloc, clock, commit))
     };
-    let Some((keys, entries, alloc_words, saved_clock, saved_commit)) = parse(&mut it) else {
+    parse(&mut it).map(|t| (t, at))
+}
+
+/// What a clean close sealed, read without building anything.
+pub struct Sealed {
+    /// The leaf chain it saved, in order.
+    pub leaves: Vec<u64>,
+    /// The multi-leaf commit record (`None` from older builds).
+    pub commit: Option<u64>,
+}
+
+/// The sealed facts of a cleanly closed pool, when its saved state
+/// verifies; `None` for a pool that is open, crashed, or whose state does
+/// not verify. For readers that do not open the tree (`salvage`).
+pub fn sealed<S: Space, L: LeafFormat>(s: &S, h: &header::Header) -> Option<Sealed> {
+    let clean = header::clean_state(s);
+    if clean == 0 {
+        return None;
+    }
+    let ((_, entries, _, _, commit), _) = read_saved::<S, L>(s, h, clean)?;
+    Some(Sealed {
+        leaves: entries.iter().map(|e| e.leaf.off).collect(),
+        commit,
+    })
+}
+
+/// Loads the clean-shutdown state; `None` when it does not verify (then
+/// the caller rebuilds from the leaves). A state that verifies but names
+/// other leaves than the persistent chain is damage to the chain (a leaf
+/// head or sibling link): `Error::Corrupt`, since a rebuild would follow the
+/// damaged chain and silently drop the leaves it no longer reaches.
+fn load_saved<S: Space, L: LeafFormat>(
+    space: &Arc<S>,
+    h: &header::Header,
+    clean_word: u64,
+) -> Result<Option<Loaded<S, L>>> {
+    let s = &**space;
+    let Some(((keys, entries, alloc_words, saved_clock, saved_commit), at)) = read_saved::<S, L>(s, h, clean_word)
+    else {
         return Ok(None);
     };
     // The saved leaves must be exactly the persistent chain, in order.
     match walk_chain::<S, L>(s, h) {
         Ok(chain) if chain.len() == entries.len() && chain.iter().zip(&entries).all(|(&c, e)| c == e.leaf.off) => {}
-        _ => return Ok(None),
+        Ok(chain) => {
+            let at = chain.iter().zip(&entries).position(|(&c, e)| c != e.leaf.off);
+            let at = at.unwrap_or(chain.len().min(entries.len()));
+            let saved = entries
+                .get(at)
+                .map_or("its end".to_string(), |e| format!("leaf {}", e.leaf.off));
+            let found = chain.get(at).map_or("its end".to_string(), |o| format!("leaf {o}"));
+            return Err(Error::corrupt(format!(
+                "the leaf chain ({} leaves) is not the one the clean close saved ({} leaves): at position {at} \
+                 it reaches {found} where the saved state has {saved} (a damaged leaf head or sibling link); \
+                 `nvstore salvage` also reads the leaves off the chain",
+                chain.len(),
+                entries.len(),
+            )));
+        }
+        // A bad link: the rebuild reports it.
+        Err(_) => return Ok(None),
     }
     let Ok(alloc) = Allocator::load(s, h.chunk_size, h.data_start, &alloc_words) else {
         return Ok(None);

@@ -31,6 +31,9 @@ use crate::format::leaf_nv::{self as nv, Layout, Meta, NvLeaf};
 use crate::format::{blob, validate};
 use crate::pmem::file::FileOptions;
 use crate::pmem::{FileSpace, OpenMode, Space, LINE};
+use crate::recovery;
+use crate::tree::isle::Isle;
+use crate::tree::nv::Nv;
 
 /// What a salvage read and what it skipped.
 #[derive(Clone, Debug, Default, serde::Serialize)]
@@ -110,7 +113,13 @@ pub fn read(path: &Path) -> Result<Salvaged> {
 pub fn read_space<S: Space>(s: &S, h: &Header) -> (Records, SalvageReport) {
     let mut rep = SalvageReport::default();
     let pool = header::pool_size(s).min(s.size());
-    let committed = header::txn_committed(s);
+    // A clean close sealed the leaf chain and the commit record, both
+    // outside the header's unchecked root words.
+    let sealed = match h.leaf_format {
+        LeafKind::Nv => recovery::sealed::<S, Nv>(s, h),
+        LeafKind::Isle => recovery::sealed::<S, Isle>(s, h),
+    };
+    let committed = header::txn_committed(s).max(sealed.as_ref().and_then(|x| x.commit).unwrap_or(0));
     let mut claims: BTreeMap<Vec<u8>, Claim> = BTreeMap::new();
     let mut order = 0u64;
 
@@ -139,9 +148,32 @@ pub fn read_space<S: Space>(s: &S, h: &Header) -> (Records, SalvageReport) {
         rep.chain_whole = false;
         rep.note(b.clone());
     }
+    // The leaves a clean close saved that the chain did not reach (a
+    // damaged leaf head or link): that list is the live leaves, so they
+    // are read as the chain's, and no chunk scan (which would bring back
+    // records that splits dropped) is needed.
+    let mut bridged = false;
+    if let Some(sealed) = &sealed {
+        let missed: Vec<u64> = sealed.leaves.iter().copied().filter(|o| !seen.contains(o)).collect();
+        if let Some(first) = missed.first() {
+            rep.chain_whole = false;
+            rep.note(format!(
+                "the leaf chain misses {} of the {} leaves the clean close saved (first: leaf {first}); \
+                 read from the saved list",
+                missed.len(),
+                sealed.leaves.len()
+            ));
+            for off in missed {
+                seen.insert(off);
+                rep.chain_leaves += 1;
+                read_leaf(s, h, off, pool, committed, false, &mut claims, &mut order, &mut rep);
+            }
+        }
+        bridged = true;
+    }
 
     // Leaves off the chain, from the chunk headers.
-    if !rep.chain_whole {
+    if !rep.chain_whole && !bridged {
         let chain_keys: BTreeSet<Vec<u8>> = claims.keys().cloned().collect();
         let mut found: BTreeMap<Vec<u8>, Claim> = BTreeMap::new();
         for off in block_candidates(s, h, pool) {
@@ -450,12 +482,14 @@ mod tests {
         }
     }
 
+    /// A broken chain in a pool without a saved state (as after a crash).
     #[test]
     fn a_broken_chain_is_bridged_by_the_chunk_headers() {
         let (s, want) = pool(LeafKind::Nv);
         let h = Header::read(&*s).unwrap();
         let first = header::leaf_head(&*s);
         s.store(NvLeaf::at(first).next_word(), 12345);
+        s.store(header::CLEAN_STATE_OFF, 0);
         let (got, rep) = read_space(&*s, &h);
         assert!(
             !rep.chain_whole && rep.chain_leaves == 1 && rep.scanned_leaves > 0,
@@ -465,6 +499,60 @@ mod tests {
         let got: BTreeMap<_, _> = got.into_iter().collect();
         for (k, v) in &want {
             assert_eq!(got.get(k), Some(v));
+        }
+    }
+
+    /// The same break in a cleanly closed pool: the leaves the saved state
+    /// lists are read as the chain's, exactly the live records, no scan.
+    #[test]
+    fn a_broken_chain_of_a_clean_pool_is_bridged_by_the_saved_list() {
+        for leaf in [LeafKind::Nv, LeafKind::Isle] {
+            let (s, want) = pool(leaf);
+            let h = Header::read(&*s).unwrap();
+            let first = header::leaf_head(&*s);
+            let next = match leaf {
+                LeafKind::Nv => NvLeaf::at(first).next_word(),
+                LeafKind::Isle => IsleLeaf::at(first).next_word(),
+            };
+            s.store(next, 12345);
+            let (got, rep) = read_space(&*s, &h);
+            assert!(
+                !rep.chain_whole && rep.chain_leaves > 1 && rep.scanned_leaves == 0,
+                "{leaf:?}: {rep:?}"
+            );
+            assert_eq!(got, want, "{leaf:?}");
+        }
+    }
+
+    /// A cleanly closed pool whose commit record (header word `txn_commit`)
+    /// was lowered: the record sealed with the saved state stands in, so
+    /// the committed batch is salvaged, not skipped as cut short.
+    #[test]
+    fn a_lowered_commit_record_is_read_from_the_saved_state() {
+        let opts = Options {
+            node_size: 256,
+            ..Options::default()
+        };
+        let db = Db::create_in(SimSpace::new(1 << 20), Path::new("t.nvs"), &opts).unwrap();
+        for i in 0..40u64 {
+            db.put(&i.to_be_bytes(), b"old").unwrap();
+        }
+        let mut batch = crate::WriteBatch::new();
+        for i in (0..40u64).step_by(3) {
+            batch.put(&i.to_be_bytes(), b"new");
+        }
+        db.write_batch(batch).unwrap();
+        assert_eq!(db.stat().multi_leaf_commits, 1);
+        let s = db.close_into_space().unwrap();
+        s.store(header::TXN_COMMIT_OFF, 0);
+        let h = Header::read(&*s).unwrap();
+        let (got, rep) = read_space(&*s, &h);
+        assert_eq!(rep.skipped_elements, 0, "{rep:?}");
+        assert_eq!(got.len(), 40);
+        for (k, v) in got {
+            let i = u64::from_be_bytes(k.try_into().unwrap());
+            let want: &[u8] = if i.is_multiple_of(3) { b"new" } else { b"old" };
+            assert_eq!(v, want, "key {i}");
         }
     }
 

@@ -463,6 +463,44 @@ fn version_0_is_refused_as_not_written_by_nvstore() {
     assert!(msg.contains("not written by nvstore"), "{msg}");
 }
 
+/// The leaf head (offset 72) is a root word outside every checksum. In a
+/// cleanly closed pool it is pointed past the first leaf, at the second: a
+/// rebuild would follow that chain and drop the first leaf's keys (and free
+/// its block) without a word. The saved state names the chain the close
+/// left, so the open refuses with `Corrupt` instead, read-only or not, and
+/// changes nothing; `salvage` reads every key back from the saved list.
+#[test]
+fn damaged_leaf_head_of_a_clean_pool_is_refused_not_followed() {
+    let d = dir();
+    let p = make_pool(d.path());
+    let mut b = std::fs::read(&p).unwrap();
+    let word = |b: &[u8], off: u64| u64::from_le_bytes(b[off as usize..off as usize + 8].try_into().unwrap());
+    let first = word(&b, 72);
+    let second = word(&b, first + nvstore::format::leaf_nv::NEXT_OFF);
+    assert_ne!(second, 0, "one leaf only");
+    b[72..80].copy_from_slice(&second.to_le_bytes());
+    std::fs::write(&p, &b).unwrap();
+    for opts in [ro(), Options::default()] {
+        let msg = expect_err(&p, opts, |e| matches!(e, Error::Corrupt { .. }));
+        assert!(
+            msg.contains("not the one the clean close saved") && msg.contains(&format!("leaf {first}")),
+            "{msg}"
+        );
+    }
+    let got = nvstore::salvage::read(&p).unwrap();
+    assert_eq!(got.records.len(), 2000, "{:?}", got.report);
+    for (k, v) in &got.records {
+        let i = u64::from_be_bytes(k.as_slice().try_into().unwrap());
+        assert_eq!(v, &(i * 3).to_le_bytes());
+    }
+    assert!(
+        got.report.notes.iter().any(|n| n.contains("misses 1 of the")),
+        "{:?}",
+        got.report
+    );
+    assert_eq!(got.report.scanned_leaves, 0, "no chunk scan needed");
+}
+
 /// The header's clock word (offset 88) is a root word outside every
 /// checksum. A cleanly closed pool whose word was lowered below the stored
 /// versions still opens with the clock it was closed with (the saved state

@@ -49,7 +49,19 @@ pub fn check<S: Space, L: LeafFormat>(tree: &Tree<S, L>, h: &Header, path: &Path
     let mut r = CheckReport::default();
     let mut problems = Vec::new();
     let pool = header::pool_size(s);
-    let committed = header::txn_committed(s);
+    let mut committed = header::txn_committed(s);
+    // A read-only open leaves a clean pool's words as they are: a commit
+    // record below the one its clean close sealed is damage to that word,
+    // reported as such (the elements it would disown are committed).
+    if let Some(sealed) = recovery::sealed::<S, L>(s, h).and_then(|x| x.commit) {
+        if sealed > committed {
+            problems.push(format!(
+                "header word txn_commit ({committed}) is below the commit record the clean close sealed \
+                 ({sealed}); a writable open restores it"
+            ));
+            committed = sealed;
+        }
+    }
     let last_ts = tree.clock.last();
     let chain = match recovery::walk_chain::<S, L>(s, h) {
         Ok(c) => c,

@@ -463,6 +463,57 @@ fn version_0_is_refused_as_not_written_by_nvstore() {
     assert!(msg.contains("not written by nvstore"), "{msg}");
 }
 
+/// The multi-leaf commit record (offset 96) of a cleanly closed pool,
+/// lowered below the last committed batch: a read-only open leaves it so,
+/// and its `check` names the word (not the batch's elements, which are
+/// committed); a writable open restores it from the saved state.
+#[test]
+fn lowered_commit_record_is_named_by_a_read_only_check() {
+    let d = dir();
+    let p = d.path().join("t.nvs");
+    let opts = Options {
+        node_size: 256,
+        size: 1 << 20,
+        ..Options::default()
+    };
+    let db = Db::open(&p, opts).unwrap();
+    for i in 0..40u64 {
+        db.put(&i.to_be_bytes(), b"old").unwrap();
+    }
+    let mut batch = nvstore::WriteBatch::new();
+    for i in (0..40u64).step_by(3) {
+        batch.put(&i.to_be_bytes(), b"new");
+    }
+    db.write_batch(batch).unwrap();
+    assert_eq!(db.stat().multi_leaf_commits, 1);
+    db.close().unwrap();
+    let mut b = std::fs::read(&p).unwrap();
+    let sealed = u64::from_le_bytes(b[96..104].try_into().unwrap());
+    assert_ne!(sealed, 0);
+    b[96..104].copy_from_slice(&0u64.to_le_bytes());
+    std::fs::write(&p, &b).unwrap();
+    let db = Db::open(&p, ro()).unwrap();
+    let r = db.check();
+    assert!(!r.ok);
+    assert_eq!(
+        r.problems,
+        vec![format!(
+            "header word txn_commit (0) is below the commit record the clean close sealed ({sealed}); a writable \
+             open restores it"
+        )]
+    );
+    assert_eq!(db.get(&3u64.to_be_bytes()).unwrap().as_deref(), Some(&b"new"[..]));
+    drop(db);
+    assert_eq!(std::fs::read(&p).unwrap(), b, "a read-only open wrote");
+    let rw = Options {
+        create: false,
+        ..Options::default()
+    };
+    let db = Db::open(&p, rw).unwrap();
+    let r = db.check();
+    assert!(r.ok, "{:?}", r.problems);
+}
+
 /// The leaf head (offset 72) is a root word outside every checksum. In a
 /// cleanly closed pool it is pointed past the first leaf, at the second: a
 /// rebuild would follow that chain and drop the first leaf's keys (and free

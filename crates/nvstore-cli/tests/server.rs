@@ -791,16 +791,113 @@ fn kill_under_pipelined_load(extra: &[&str]) {
 /// key is left without its hash.
 #[test]
 fn kill_while_hashes_change_layout_keeps_every_acknowledged_field() {
-    const FIELDS: u64 = 12;
+    // Small up to 5 fields: every hash changes layout at its sixth field.
+    kill_while_layout_changes(&LayoutKill {
+        what: "hashes",
+        opts: ["--hash-max-listpack-entries", "5"],
+        write: |key, f| {
+            vec![
+                b"HSET".to_vec(),
+                key.into(),
+                format!("f{f}").into(),
+                format!("{key}:{f}").into(),
+            ]
+        },
+        present: |c, h| {
+            let R::Array(all) = c.cmd(&["hgetall", h]) else {
+                panic!()
+            };
+            let n = all.len() as u64 / 2;
+            assert_eq!(
+                c.cmd(&["hlen", h]),
+                R::Int(n as i64),
+                "{h}: HLEN disagrees with HGETALL"
+            );
+            // Fields f0..f{n-1} with their values, in field order.
+            let mut want: Vec<u64> = (0..n).collect();
+            want.sort_by_key(|f| format!("f{f}"));
+            let want: Vec<R> = want
+                .iter()
+                .flat_map(|f| [R::s(&format!("f{f}")), R::s(&format!("{h}:{f}"))])
+                .collect();
+            assert_eq!(all, want, "{h}: not a prefix of the fields sent");
+            n
+        },
+    });
+}
+
+/// The same for sorted sets: pipelined ZADDs move them from the small
+/// layout to one key pair per member while the kill lands. Every
+/// acknowledged member is there with its score, each set holds a prefix
+/// of the members sent, ZCARD, ZRANGE, ZRANGEBYLEX and ZRANK agree, and no
+/// member or score key is left without its set.
+#[test]
+fn kill_while_sorted_sets_change_layout_keeps_every_acknowledged_member() {
+    kill_while_layout_changes(&LayoutKill {
+        what: "sorted sets",
+        opts: ["--zset-max-listpack-entries", "5"],
+        // Member m{f} scores f: score order is send order.
+        write: |key, f| {
+            vec![
+                b"ZADD".to_vec(),
+                key.into(),
+                f.to_string().into(),
+                format!("m{f}").into(),
+            ]
+        },
+        present: |c, z| {
+            let R::Array(all) = c.cmd(&["zrange", z, "0", "-1", "withscores"]) else {
+                panic!()
+            };
+            let n = all.len() as u64 / 2;
+            let want: Vec<R> = (0..n)
+                .flat_map(|f| [R::s(&format!("m{f}")), R::s(&f.to_string())])
+                .collect();
+            assert_eq!(all, want, "{z}: not a prefix of the members sent");
+            assert_eq!(
+                c.cmd(&["zcard", z]),
+                R::Int(n as i64),
+                "{z}: ZCARD disagrees with ZRANGE"
+            );
+            let R::Array(lex) = c.cmd(&["zrangebylex", z, "-", "+"]) else {
+                panic!()
+            };
+            assert_eq!(lex.len() as u64, n, "{z}: the member keys disagree with the score keys");
+            if n > 0 {
+                let last = format!("m{}", n - 1);
+                assert_eq!(c.cmd(&["zrank", z, &last]), R::Int(n as i64 - 1), "{z}");
+            }
+            n
+        },
+    });
+}
+
+/// A kill test of a type whose values change layout under load.
+struct LayoutKill {
+    what: &'static str,
+    /// Server options that make a value change layout after 5 items.
+    opts: [&'static str; 2],
+    /// The command that adds item `f` to key `key` (answers `:1`).
+    write: fn(&str, u64) -> Vec<Vec<u8>>,
+    /// Checks `key` after the restart and returns how many items it holds.
+    present: fn(&mut Client, &str) -> u64,
+}
+
+/// Two connections write the 12 items of three keys at a time,
+/// interleaved (one pipelines them, one sends them one by one), while the
+/// server is SIGKILLed; after a restart every key
+/// holds at least its acknowledged items ([`LayoutKill::present`] checks
+/// their shape), and deleting every key leaves no tree key behind.
+fn kill_while_layout_changes(t: &LayoutKill) {
+    const ITEMS: u64 = 12;
     let dir = pool_dir();
     let pool = dir.path().join("p.nvs");
-    // Small up to 5 fields: every hash changes layout at its sixth field.
-    let opts = ["--hash-max-listpack-entries", "5"];
-    let s = Server::start(&pool, &opts);
+    let s = Server::start(&pool, &t.opts);
     let port = s.port;
-    // Per hash: how many of its fields were acknowledged.
+    // Per key: how many of its items were acknowledged.
     let acked: Arc<Mutex<Vec<(String, u64)>>> = Arc::default();
     let stop = Arc::new(AtomicBool::new(false));
+    let write = t.write;
     let writers: Vec<_> = (0..2u64)
         .map(|w| {
             let acked = acked.clone();
@@ -809,24 +906,33 @@ fn kill_while_hashes_change_layout_keeps_every_acknowledged_field() {
                 let mut c = Client::connect(port);
                 let mut h = 0u64;
                 while !stop.load(Ordering::Relaxed) {
-                    // Three hashes at a time, their fields interleaved in one pipeline.
+                    // Three keys at a time, their items interleaved in one pipeline.
                     let names: Vec<String> = (0..3).map(|j| format!("g{w}_{}", h + j)).collect();
                     h += 3;
                     let mut batch = Vec::new();
-                    for f in 0..FIELDS {
+                    for f in 0..ITEMS {
                         for n in &names {
-                            let (fname, v) = (format!("f{f}"), format!("{n}:{f}"));
-                            batch.extend(encode(&[b"HSET", n.as_bytes(), fname.as_bytes(), v.as_bytes()]));
+                            let cmd = write(n, f);
+                            let args: Vec<&[u8]> = cmd.iter().map(Vec::as_slice).collect();
+                            batch.push(encode(&args));
                         }
                     }
-                    c.send_raw(&batch);
+                    // Writer 0 pipelines the batch (the server commits it as
+                    // groups); writer 1 sends one command at a time (each
+                    // commits alone, a small value as a one-key write).
+                    if w == 0 {
+                        c.send_raw(&batch.concat());
+                    }
+                    let mut cmds = batch.iter();
                     let mut done = vec![0u64; names.len()];
-                    for _ in 0..FIELDS {
+                    for _ in 0..ITEMS {
                         for (j, n) in names.iter().enumerate() {
-                            match c.read() {
-                                Ok(R::Int(1)) => done[j] += 1,
-                                Ok(r) => panic!("HSET {n} answered {r:?}"),
-                                Err(_) => {
+                            let cmd = cmds.next().unwrap();
+                            let sent = w == 0 || c.try_send_raw(cmd).is_ok();
+                            match c.read().ok().filter(|_| sent) {
+                                Some(R::Int(1)) => done[j] += 1,
+                                Some(r) => panic!("write to {n} answered {r:?}"),
+                                None => {
                                     let mut a = acked.lock().unwrap();
                                     a.extend(names.iter().cloned().zip(done.iter().copied()));
                                     return;
@@ -844,10 +950,10 @@ fn kill_while_hashes_change_layout_keeps_every_acknowledged_field() {
     stop.store(true, Ordering::Relaxed);
     writers.into_iter().for_each(|t| t.join().unwrap());
     let acked = acked.lock().unwrap().clone();
-    let whole = acked.iter().filter(|(_, n)| *n == FIELDS).count();
-    assert!(whole > 10, "only {whole} hashes were fully acknowledged");
+    let whole = acked.iter().filter(|(_, n)| *n == ITEMS).count();
+    assert!(whole > 10, "only {whole} {} were fully acknowledged", t.what);
 
-    let s = Server::start(&pool, &opts);
+    let s = Server::start(&pool, &t.opts);
     let mut c = s.client();
     let acked: std::collections::HashMap<String, u64> = acked.into_iter().collect();
     let R::Array(keys) = c.cmd(&["keys", "g*"]) else {
@@ -859,29 +965,13 @@ fn kill_while_hashes_change_layout_keeps_every_acknowledged_field() {
         present.insert(String::from_utf8(k).unwrap());
     }
     for h in present.iter().chain(acked.keys()) {
-        let R::Array(all) = c.cmd(&["hgetall", h]) else {
-            panic!()
-        };
-        let n = all.len() as u64 / 2;
+        let n = (t.present)(&mut c, h);
         assert!(
             n >= acked.get(h).copied().unwrap_or(0),
-            "{h}: acknowledged fields lost ({n} left)"
+            "{h}: acknowledged items lost ({n} left)"
         );
-        assert_eq!(
-            c.cmd(&["hlen", h]),
-            R::Int(n as i64),
-            "{h}: HLEN disagrees with HGETALL"
-        );
-        // Fields f0..f{n-1} with their values, in field order.
-        let mut want: Vec<u64> = (0..n).collect();
-        want.sort_by_key(|f| format!("f{f}"));
-        let want: Vec<R> = want
-            .iter()
-            .flat_map(|f| [R::s(&format!("f{f}")), R::s(&format!("{h}:{f}"))])
-            .collect();
-        assert_eq!(all, want, "{h}: not a prefix of the fields sent");
     }
-    // No field key outlives its hash: deleting each hash leaves nothing.
+    // No sub-key outlives its key: deleting each key leaves nothing.
     for h in &present {
         c.cmd(&["del", h]);
     }
@@ -891,10 +981,11 @@ fn kill_while_hashes_change_layout_keeps_every_acknowledged_field() {
     };
     let info = String::from_utf8(info).unwrap();
     assert!(info.contains("last_recovery:rebuild"), "{info}");
-    assert!(info.contains("tree_keys:0\r\n"), "field keys left behind: {info}");
+    assert!(info.contains("tree_keys:0\r\n"), "sub-keys left behind: {info}");
     eprintln!(
-        "{} hashes checked after SIGKILL, {whole} fully acknowledged",
-        present.len()
+        "{} {} checked after SIGKILL, {whole} fully acknowledged",
+        present.len(),
+        t.what
     );
 }
 

@@ -70,6 +70,18 @@ pub struct ServeArgs {
     /// ... and at most this many bytes in all (each write rewrites the whole value).
     #[arg(long, default_value_t = CompactLimits::default().bytes)]
     pub hash_max_listpack_bytes: usize,
+    /// Sorted sets with at most this many members are stored whole in one
+    /// value (Redis' zset-max-listpack-entries); 0 stores every sorted set
+    /// one key pair per member.
+    #[arg(long, default_value_t = CompactLimits::default().entries)]
+    pub zset_max_listpack_entries: usize,
+    /// ... and with every member at most this many bytes (Redis'
+    /// zset-max-listpack-value; Redis defaults to 64).
+    #[arg(long, default_value_t = CompactLimits::default().value)]
+    pub zset_max_listpack_value: usize,
+    /// ... and at most this many bytes in all (each write rewrites the whole value).
+    #[arg(long, default_value_t = CompactLimits::default().bytes)]
+    pub zset_max_listpack_bytes: usize,
 }
 
 impl ServeArgs {
@@ -101,6 +113,11 @@ impl ServeArgs {
                 entries: self.hash_max_listpack_entries,
                 value: self.hash_max_listpack_value,
                 bytes: self.hash_max_listpack_bytes,
+            },
+            zcompact: CompactLimits {
+                entries: self.zset_max_listpack_entries,
+                value: self.zset_max_listpack_value,
+                bytes: self.zset_max_listpack_bytes,
             },
             limits: Limits {
                 max_bulk: usize::try_from(self.max_bulk).unwrap_or(usize::MAX),

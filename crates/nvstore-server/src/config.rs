@@ -26,6 +26,8 @@ pub struct Config {
     pub adaptive: nvstore::Adaptive,
     /// When a hash is stored whole in its metadata value.
     pub compact: CompactLimits,
+    /// When a sorted set is stored whole in its metadata value.
+    pub zcompact: CompactLimits,
     /// Serve a pool on an AsymNVM back-end instead of `pool`.
     pub remote: Option<RemotePool>,
 }
@@ -58,6 +60,7 @@ impl Default for Config {
             limits: Limits::default(),
             adaptive: nvstore::db::DEFAULT_ADAPTIVE,
             compact: CompactLimits::default(),
+            zcompact: CompactLimits::default(),
             remote: None,
         }
     }

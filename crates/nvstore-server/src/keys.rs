@@ -10,6 +10,9 @@
 //!                                                   { u32 LE len, field, u32 LE len, value }
 //!                                                   in field order (no sub-keys)
 //!                                                 zset:   'z' u64 LE member count
+//!                                                 small zset: 'Z' u32 LE n, then n times
+//!                                                   { score8, u32 LE len, member }
+//!                                                   in (score, member) order (no sub-keys)
 //! 'h' u32 BE len(user_key) user_key field       hash field value
 //! 'z' u32 BE len(user_key) user_key member      zset score: score8 (below)
 //! 'Z' u32 BE len(user_key) user_key score8 member   (empty) — the score index
@@ -67,9 +70,14 @@ pub enum Meta {
     /// A small hash stored whole in its metadata value: (field, value)
     /// pairs sorted by field, no duplicates, never empty.
     SmallHash(Vec<(Vec<u8>, Vec<u8>)>),
+    /// A sorted set stored one key pair per member (`'z'` and `'Z'` keys).
     ZSet {
         count: u64,
     },
+    /// A small sorted set stored whole in its metadata value: (score,
+    /// member) in (score, member) order, members distinct, no NaN, never
+    /// empty.
+    SmallZSet(Vec<(f64, Vec<u8>)>),
 }
 
 /// When a hash is stored compactly in its metadata value (as Redis keeps
@@ -103,6 +111,59 @@ impl CompactLimits {
                 .all(|(f, v)| f.len() <= self.value && v.len() <= self.value)
             && small_hash_len(pairs) <= self.bytes
     }
+
+    /// Whether a sorted set's `items` may be stored compactly (`value`
+    /// limits each member).
+    pub fn fits_zset(&self, items: &[(f64, Vec<u8>)]) -> bool {
+        items.len() <= self.entries
+            && items.iter().all(|(_, m)| m.len() <= self.value)
+            && small_zset_len(items) <= self.bytes
+    }
+}
+
+/// Bytes of a small sorted set's metadata value.
+pub fn small_zset_len(items: &[(f64, Vec<u8>)]) -> usize {
+    5 + items.iter().map(|(_, m)| 12 + m.len()).sum::<usize>()
+}
+
+/// The order of a small sorted set's items: score, then member bytes
+/// (the order of the `'Z'` keys).
+pub fn zset_order(a: &(f64, Vec<u8>), b: &(f64, Vec<u8>)) -> std::cmp::Ordering {
+    (score_bytes(a.0), &a.1).cmp(&(score_bytes(b.0), &b.1))
+}
+
+/// The items of a small sorted set's metadata value (tag included), checked
+/// as written: lengths in bounds, scores canonical and not NaN, items
+/// strictly ascending in (score, member), members distinct, nothing left
+/// over, at least one item. `None` for bytes no server wrote.
+fn decode_small_zset(v: &[u8]) -> Option<Vec<(f64, Vec<u8>)>> {
+    if v.first() != Some(&SMALL_ZSET_TAG) {
+        return None;
+    }
+    let n = u32::from_le_bytes(v.get(1..5)?.try_into().ok()?) as usize;
+    let mut rest = &v[5..];
+    let mut items: Vec<(f64, Vec<u8>)> = Vec::new();
+    let mut prev: Option<(&[u8], &[u8])> = None;
+    for _ in 0..n {
+        let s8 = rest.get(..8)?;
+        rest = &rest[8..];
+        let m = take_len_prefixed(&mut rest)?;
+        let s = score_from_bytes(s8);
+        if s.is_nan() || score_bytes(s) != s8 || prev.is_some_and(|p| p >= (s8, m)) {
+            return None;
+        }
+        prev = Some((s8, m));
+        items.push((s, m.to_vec()));
+    }
+    if !rest.is_empty() || n == 0 {
+        return None;
+    }
+    let mut members: Vec<&[u8]> = items.iter().map(|(_, m)| m.as_slice()).collect();
+    members.sort_unstable();
+    if members.windows(2).any(|w| w[0] == w[1]) {
+        return None;
+    }
+    Some(items)
 }
 
 /// Bytes of a small hash's metadata value.
@@ -187,7 +248,7 @@ impl Meta {
         match self {
             Meta::String(_) => Type::String,
             Meta::Hash { .. } | Meta::SmallHash(_) => Type::Hash,
-            Meta::ZSet { .. } => Type::ZSet,
+            Meta::ZSet { .. } | Meta::SmallZSet(_) => Type::ZSet,
         }
     }
 
@@ -213,6 +274,17 @@ impl Meta {
                 );
                 out
             }
+            Meta::SmallZSet(items) => {
+                let mut out = Vec::with_capacity(small_zset_len(items));
+                out.push(SMALL_ZSET_TAG);
+                out.extend_from_slice(&(items.len() as u32).to_le_bytes());
+                for (s, m) in items {
+                    out.extend_from_slice(&score_bytes(*s));
+                    out.extend_from_slice(&(m.len() as u32).to_le_bytes());
+                    out.extend_from_slice(m);
+                }
+                out
+            }
         }
     }
 
@@ -228,6 +300,7 @@ impl Meta {
             b'h' if v.len() == 9 => Some(Meta::Hash { count: count()? }),
             b'z' if v.len() == 9 => Some(Meta::ZSet { count: count()? }),
             SMALL_HASH_TAG => decode_small_hash(&v).map(Meta::SmallHash),
+            SMALL_ZSET_TAG => decode_small_zset(&v).map(Meta::SmallZSet),
             _ => None,
         }
     }
@@ -235,6 +308,9 @@ impl Meta {
 
 /// The metadata tag of a small hash.
 pub const SMALL_HASH_TAG: u8 = b'H';
+/// The metadata tag of a small sorted set (a value tag: not the `'Z'`
+/// key namespace).
+pub const SMALL_ZSET_TAG: u8 = b'Z';
 /// The metadata tag of a string (the value follows it).
 pub const STRING_TAG: u8 = b's';
 
@@ -381,6 +457,7 @@ mod tests {
             Meta::Hash { count: 7 },
             Meta::ZSet { count: 1 << 40 },
             Meta::SmallHash(vec![(b"a".to_vec(), vec![]), (b"b".to_vec(), b"xyz".to_vec())]),
+            Meta::SmallZSet(vec![(-2.0, b"z".to_vec()), (3.5, b"a".to_vec())]),
         ] {
             assert_eq!(Meta::decode(m.encode()), Some(m));
         }
@@ -397,6 +474,50 @@ mod tests {
             b'H', 2, 0, 0, 0, 1, 0, 0, 0, b'b', 0, 0, 0, 0, 1, 0, 0, 0, b'a', 0, 0, 0, 0,
         ];
         assert_eq!(Meta::decode(unsorted.to_vec()), None);
+    }
+
+    #[test]
+    fn small_zset_decode_refuses_bytes_no_server_wrote() {
+        let m = |s: f64, x: &str| (s, x.as_bytes().to_vec());
+        let good = vec![m(-1.5, "b"), m(0.0, "a"), m(0.0, "c"), m(f64::INFINITY, "")];
+        let v = Meta::SmallZSet(good.clone()).encode();
+        assert_eq!(v.len(), small_zset_len(&good));
+        assert_eq!(Meta::decode(v.clone()), Some(Meta::SmallZSet(good.clone())));
+        let enc = |items: Vec<(f64, Vec<u8>)>| Meta::SmallZSet(items).encode();
+        // The first score's 8 bytes (after the tag and the count).
+        let mut negzero = enc(vec![m(0.0, "a")]);
+        negzero[5..13].copy_from_slice(&(!(-0.0f64).to_bits()).to_be_bytes());
+        let mut nan = enc(vec![m(1.0, "a")]);
+        nan[5..13].copy_from_slice(&score_bytes(f64::NAN));
+        let mut trailing = v.clone();
+        trailing.push(0);
+        let mut huge = v.clone();
+        huge[13..17].copy_from_slice(&u32::MAX.to_le_bytes());
+        for bad in [
+            enc(vec![m(1.0, "a"), m(0.0, "b")]),
+            enc(vec![m(0.0, "b"), m(0.0, "a")]),
+            enc(vec![m(0.0, "a"), m(0.0, "a")]),
+            enc(vec![m(0.0, "a"), m(1.0, "a")]),
+            negzero,
+            nan,
+            trailing,
+            huge,
+            v[..v.len() - 1].to_vec(),
+            vec![b'Z', 0, 0, 0, 0],
+            vec![b'Z'],
+        ] {
+            assert_eq!(Meta::decode(bad.clone()), None, "{bad:?}");
+        }
+        let l = CompactLimits {
+            entries: 2,
+            value: 3,
+            bytes: 100,
+        };
+        assert!(l.fits_zset(&[m(1.0, "abc"), m(2.0, "")]));
+        assert!(!l.fits_zset(&[m(1.0, "abcd")]));
+        assert!(!l.fits_zset(&[m(1.0, "a"), m(2.0, "b"), m(3.0, "c")]));
+        assert!(CompactLimits { bytes: 20, ..l }.fits_zset(&[m(1.0, "abc")]));
+        assert!(!CompactLimits { bytes: 19, ..l }.fits_zset(&[m(1.0, "abc")]));
     }
 
     #[test]

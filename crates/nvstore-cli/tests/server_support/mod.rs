@@ -201,6 +201,11 @@ impl Client {
         self.w.write_all(b).unwrap();
     }
 
+    /// [`Client::send_raw`] to a server that may be gone.
+    pub fn try_send_raw(&mut self, b: &[u8]) -> std::io::Result<()> {
+        self.w.write_all(b)
+    }
+
     pub fn send(&mut self, args: &[&[u8]]) {
         self.send_raw(&encode(args));
     }

@@ -486,6 +486,9 @@ fn config(sh: &Shared, a: &[Bytes]) -> Reply {
             ("hash-max-listpack-entries", c.compact.entries.to_string()),
             ("hash-max-listpack-value", c.compact.value.to_string()),
             ("hash-max-listpack-bytes", c.compact.bytes.to_string()),
+            ("zset-max-listpack-entries", c.zcompact.entries.to_string()),
+            ("zset-max-listpack-value", c.zcompact.value.to_string()),
+            ("zset-max-listpack-bytes", c.zcompact.bytes.to_string()),
         ];
         let mut out = Vec::new();
         for (k, v) in &params {

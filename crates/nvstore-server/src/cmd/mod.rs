@@ -380,14 +380,14 @@ pub fn execute_req(sh: &Arc<Shared>, c: &mut Conn, req: Req) -> Reply {
 }
 
 /// Whether a write command of one user key may touch only that key's
-/// metadata (a string, a small hash), so that it is tried as a one-key
-/// read-modify-write first ([`store::Store::write_one`]: no snapshot, no
-/// transaction buffer, one leaf lookup). One that touches more (a large
-/// hash's fields, a layout change, DEL of a hash) falls back to a
-/// transaction, having written nothing. Sorted-set writes always touch
-/// their member and score keys, so they skip the attempt.
+/// metadata (a string, a small hash or sorted set), so that it is tried as
+/// a one-key read-modify-write first ([`store::Store::write_one`]: no
+/// snapshot, no transaction buffer, one leaf lookup). One that touches
+/// more (a large hash's fields, a large sorted set's members, a layout
+/// change, DEL of a large hash) falls back to a transaction, having
+/// written nothing.
 fn one_key(spec: &Spec) -> bool {
-    spec.first_key == 1 && spec.last_key == 1 && !matches!(spec.name, "zadd" | "zincrby" | "zrem")
+    spec.first_key == 1 && spec.last_key == 1
 }
 
 /// Most pipelined write commands committed together by [`execute_group`].
@@ -553,7 +553,7 @@ pub(crate) fn meta(kv: &dyn Kv, user: &[u8]) -> Result<Option<Meta>, CmdError> {
 /// Deletes `user` and everything stored under it.
 pub(crate) fn delete_key(kv: &mut dyn Kv, user: &[u8], m: &Meta) -> Result<(), CmdError> {
     let spaces: &[u8] = match m {
-        Meta::String(_) | Meta::SmallHash(_) => &[],
+        Meta::String(_) | Meta::SmallHash(_) | Meta::SmallZSet(_) => &[],
         Meta::Hash { .. } => &[keys::HASH],
         Meta::ZSet { .. } => &[keys::ZMEMBER, keys::ZSCORE],
     };

@@ -1,47 +1,126 @@
-//! Sorted-set commands. A member is two keys: `'z' len(key) key member` →
-//! score (8 bytes) for lookups by member and lexicographic ranges, and
-//! `'Z' len(key) key score8 member` → empty, the score index, in (score,
-//! member) order for ranks and score ranges. Both change in one transaction,
-//! together with the metadata (member count).
+//! Sorted-set commands, over two layouts (see `keys.rs`):
+//!
+//! - **small** (the default for new sorted sets): every (score, member) in
+//!   the metadata value itself, in (score, member) order, as Redis keeps
+//!   small sorted sets in one listpack. A read is one point read and a
+//!   write one single-key write, which the engine commits in one leaf with
+//!   one count store (atomic across crashes, no commit record).
+//! - **large**: a member is two keys, `'z' len(key) key member` → score
+//!   (8 bytes) for lookups by member and lexicographic ranges, and
+//!   `'Z' len(key) key score8 member` → empty, the score index, in (score,
+//!   member) order for ranks and score ranges. Both change in one
+//!   transaction together with the metadata (member count), which every
+//!   write rewrites (so a WATCH on the key sees member changes).
+//!
+//! A small sorted set that outgrows its [`CompactLimits`] moves to the
+//! large layout inside the transaction of the write that outgrew it, so a
+//! crash leaves it before or after that write, never between layouts.
+//! Large sorted sets stay large, and pools written before small sorted
+//! sets existed read as they are.
 
 use std::ops::Bound;
 
 use bytes::Bytes;
 
 use super::{eq, fail, float_arg, int_arg, meta, prefix_scan, CmdError, CmdResult, Cx, SYNTAX, WRONGTYPE};
-use crate::keys::{self, meta_key, score_from_bytes, score_key, sub_key, sub_prefix, Meta, ZMEMBER, ZSCORE};
+use crate::keys::{
+    self, meta_key, score_from_bytes, score_key, sub_key, sub_prefix, zset_order, CompactLimits, Meta, ZMEMBER, ZSCORE,
+};
 use crate::resp::Reply;
 use crate::store::Kv;
 
-fn zcard_of(kv: &dyn Kv, key: &[u8]) -> Result<u64, CmdError> {
-    match meta(kv, key)? {
-        None => Ok(0),
-        Some(Meta::ZSet { count }) => Ok(count),
-        Some(_) => fail(WRONGTYPE),
-    }
+/// (score, member) of a small sorted set, in (score, member) order.
+type Items = Vec<(f64, Vec<u8>)>;
+
+/// A sorted set as its metadata says it is stored (an absent one is an
+/// empty small one: a first write creates it small).
+enum ZSet {
+    Small(Items),
+    Large { count: u64 },
 }
 
-fn store_count(kv: &mut dyn Kv, key: &[u8], count: u64) -> Result<(), CmdError> {
-    if count == 0 {
-        kv.delete(&meta_key(key))?;
-    } else {
-        kv.put(&meta_key(key), &Meta::ZSet { count }.encode())?;
+impl ZSet {
+    /// Sorted set `key`; WRONGTYPE for another type.
+    fn load(kv: &dyn Kv, key: &[u8]) -> Result<ZSet, CmdError> {
+        match meta(kv, key)? {
+            None => Ok(ZSet::Small(Vec::new())),
+            Some(Meta::SmallZSet(items)) => Ok(ZSet::Small(items)),
+            Some(Meta::ZSet { count }) => Ok(ZSet::Large { count }),
+            Some(_) => fail(WRONGTYPE),
+        }
     }
-    Ok(())
-}
 
-fn member_score(kv: &dyn Kv, key: &[u8], member: &[u8]) -> Result<Option<f64>, CmdError> {
-    Ok(kv.get(&sub_key(ZMEMBER, key, member))?.map(|v| score_from_bytes(&v)))
-}
-
-fn put_member(kv: &mut dyn Kv, key: &[u8], member: &[u8], old: Option<f64>, new: f64) -> Result<(), CmdError> {
-    if let Some(o) = old {
-        kv.delete(&score_key(key, o, member))?;
+    fn len(&self) -> u64 {
+        match self {
+            ZSet::Small(items) => items.len() as u64,
+            ZSet::Large { count } => *count,
+        }
     }
-    let new = if new == 0.0 { 0.0 } else { new };
-    kv.put(&sub_key(ZMEMBER, key, member), &keys::score_bytes(new))?;
-    kv.put(&score_key(key, new, member), b"")?;
-    Ok(())
+
+    fn score(&self, kv: &dyn Kv, key: &[u8], member: &[u8]) -> Result<Option<f64>, CmdError> {
+        match self {
+            ZSet::Small(items) => Ok(items.iter().find(|(_, m)| m == member).map(|(s, _)| *s)),
+            ZSet::Large { .. } => Ok(kv.get(&sub_key(ZMEMBER, key, member))?.map(|v| score_from_bytes(&v))),
+        }
+    }
+
+    /// Gives `member` (whose score is `old`) the score `new`.
+    fn set(&mut self, kv: &mut dyn Kv, key: &[u8], member: &[u8], old: Option<f64>, new: f64) -> Result<(), CmdError> {
+        let new = if new == 0.0 { 0.0 } else { new };
+        match self {
+            ZSet::Small(items) => {
+                if old.is_some() {
+                    items.retain(|(_, m)| m != member);
+                }
+                let item = (new, member.to_vec());
+                let at = items.partition_point(|x| zset_order(x, &item).is_lt());
+                items.insert(at, item);
+            }
+            ZSet::Large { count } => {
+                match old {
+                    Some(o) => kv.delete(&score_key(key, o, member))?,
+                    None => *count += 1,
+                }
+                kv.put(&sub_key(ZMEMBER, key, member), &keys::score_bytes(new))?;
+                kv.put(&score_key(key, new, member), b"")?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Removes `member`, whose score is `old`.
+    fn remove(&mut self, kv: &mut dyn Kv, key: &[u8], member: &[u8], old: f64) -> Result<(), CmdError> {
+        match self {
+            ZSet::Small(items) => items.retain(|(_, m)| m != member),
+            ZSet::Large { count } => {
+                kv.delete(&sub_key(ZMEMBER, key, member))?;
+                kv.delete(&score_key(key, old, member))?;
+                *count -= 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes the metadata after a change: a small set compactly if it
+    /// still fits `lim`, else moved to one key pair per member (in the
+    /// caller's transaction); an empty set is deleted.
+    fn store(self, kv: &mut dyn Kv, key: &[u8], lim: &CompactLimits) -> Result<(), CmdError> {
+        match self {
+            ZSet::Small(items) if items.is_empty() => kv.delete(&meta_key(key))?,
+            ZSet::Small(items) if lim.fits_zset(&items) => kv.put(&meta_key(key), &Meta::SmallZSet(items).encode())?,
+            ZSet::Small(items) => {
+                for (s, m) in &items {
+                    kv.put(&sub_key(ZMEMBER, key, m), &keys::score_bytes(*s))?;
+                    kv.put(&score_key(key, *s, m), b"")?;
+                }
+                let count = items.len() as u64;
+                kv.put(&meta_key(key), &Meta::ZSet { count }.encode())?;
+            }
+            ZSet::Large { count: 0 } => kv.delete(&meta_key(key))?,
+            ZSet::Large { count } => kv.put(&meta_key(key), &Meta::ZSet { count }.encode())?,
+        }
+        Ok(())
+    }
 }
 
 #[derive(Default, Clone, Copy)]
@@ -55,7 +134,7 @@ struct AddFlags {
 }
 
 /// ZADD key [NX|XX] [GT|LT] [CH] [INCR] score member [score member ...]
-pub fn zadd(kv: &mut dyn Kv, _: &Cx, a: &[Bytes]) -> CmdResult {
+pub fn zadd(kv: &mut dyn Kv, cx: &Cx, a: &[Bytes]) -> CmdResult {
     let mut f = AddFlags::default();
     let mut i = 2;
     while i < a.len() {
@@ -94,15 +173,15 @@ pub fn zadd(kv: &mut dyn Kv, _: &Cx, a: &[Bytes]) -> CmdResult {
     for p in rest.chunks(2) {
         pairs.push((float_arg(&p[0])?, &p[1]));
     }
-    zadd_pairs(kv, &a[1], f, &pairs)
+    zadd_pairs(kv, cx, &a[1], f, &pairs)
 }
 
-fn zadd_pairs(kv: &mut dyn Kv, key: &[u8], f: AddFlags, pairs: &[(f64, &Bytes)]) -> CmdResult {
-    let mut count = zcard_of(kv, key)?;
+fn zadd_pairs(kv: &mut dyn Kv, cx: &Cx, key: &[u8], f: AddFlags, pairs: &[(f64, &Bytes)]) -> CmdResult {
+    let mut z = ZSet::load(kv, key)?;
     let (mut added, mut changed) = (0, 0);
     let mut last: Option<f64> = None;
     for &(score, member) in pairs {
-        let old = member_score(kv, key, member)?;
+        let old = z.score(kv, key, member)?;
         match old {
             Some(o) => {
                 if f.nx {
@@ -118,7 +197,7 @@ fn zadd_pairs(kv: &mut dyn Kv, key: &[u8], f: AddFlags, pairs: &[(f64, &Bytes)])
                     continue;
                 }
                 if new != o {
-                    put_member(kv, key, member, Some(o), new)?;
+                    z.set(kv, key, member, Some(o), new)?;
                     changed += 1;
                 }
                 last = Some(new);
@@ -128,15 +207,14 @@ fn zadd_pairs(kv: &mut dyn Kv, key: &[u8], f: AddFlags, pairs: &[(f64, &Bytes)])
                     last = None;
                     continue;
                 }
-                put_member(kv, key, member, None, score)?;
+                z.set(kv, key, member, None, score)?;
                 added += 1;
-                count += 1;
                 last = Some(score);
             }
         }
     }
     if added + changed > 0 {
-        store_count(kv, key, count)?;
+        z.store(kv, key, &cx.sh.cfg.zcompact)?;
     }
     if f.incr {
         return Ok(last.map_or(Reply::Nil, Reply::Double));
@@ -144,44 +222,43 @@ fn zadd_pairs(kv: &mut dyn Kv, key: &[u8], f: AddFlags, pairs: &[(f64, &Bytes)])
     Ok(Reply::Int(if f.ch { added + changed } else { added }))
 }
 
-pub fn zincrby(kv: &mut dyn Kv, _: &Cx, a: &[Bytes]) -> CmdResult {
+pub fn zincrby(kv: &mut dyn Kv, cx: &Cx, a: &[Bytes]) -> CmdResult {
     let by = float_arg(&a[2])?;
     let f = AddFlags {
         incr: true,
         ..Default::default()
     };
-    zadd_pairs(kv, &a[1], f, &[(by, &a[3])])
+    zadd_pairs(kv, cx, &a[1], f, &[(by, &a[3])])
 }
 
-pub fn zrem(kv: &mut dyn Kv, _: &Cx, a: &[Bytes]) -> CmdResult {
-    let mut count = zcard_of(kv, &a[1])?;
+pub fn zrem(kv: &mut dyn Kv, cx: &Cx, a: &[Bytes]) -> CmdResult {
+    let mut z = ZSet::load(kv, &a[1])?;
     let mut removed = 0;
     for m in &a[2..] {
-        if count == 0 {
+        if z.len() == 0 {
             break;
         }
-        if let Some(s) = member_score(kv, &a[1], m)? {
-            kv.delete(&sub_key(ZMEMBER, &a[1], m))?;
-            kv.delete(&score_key(&a[1], s, m))?;
+        if let Some(s) = z.score(kv, &a[1], m)? {
+            z.remove(kv, &a[1], m, s)?;
             removed += 1;
-            count -= 1;
         }
     }
     if removed > 0 {
-        store_count(kv, &a[1], count)?;
+        z.store(kv, &a[1], &cx.sh.cfg.zcompact)?;
     }
     Ok(Reply::Int(removed))
 }
 
 pub fn zscore(kv: &mut dyn Kv, _: &Cx, a: &[Bytes]) -> CmdResult {
-    if zcard_of(kv, &a[1])? == 0 {
+    let z = ZSet::load(kv, &a[1])?;
+    if z.len() == 0 {
         return Ok(Reply::Nil);
     }
-    Ok(member_score(kv, &a[1], &a[2])?.map_or(Reply::Nil, Reply::Double))
+    Ok(z.score(kv, &a[1], &a[2])?.map_or(Reply::Nil, Reply::Double))
 }
 
 pub fn zcard(kv: &mut dyn Kv, _: &Cx, a: &[Bytes]) -> CmdResult {
-    Ok(Reply::Int(zcard_of(kv, &a[1])? as i64))
+    Ok(Reply::Int(ZSet::load(kv, &a[1])?.len() as i64))
 }
 
 /// A score bound: `1.5`, `(1.5` (exclusive), `-inf`, `+inf`.
@@ -239,16 +316,47 @@ fn lex_bound(b: &[u8]) -> Result<LexBound, CmdError> {
     }
 }
 
+impl LexBound {
+    /// Whether `m` is at or above this bound as a minimum.
+    fn below(&self, m: &[u8]) -> bool {
+        match self {
+            LexBound::NegInf => true,
+            LexBound::PosInf => false,
+            LexBound::Incl(x) => m >= x.as_slice(),
+            LexBound::Excl(x) => m > x.as_slice(),
+        }
+    }
+    /// Whether `m` is at or below this bound as a maximum.
+    fn above(&self, m: &[u8]) -> bool {
+        match self {
+            LexBound::NegInf => false,
+            LexBound::PosInf => true,
+            LexBound::Incl(x) => m <= x.as_slice(),
+            LexBound::Excl(x) => m < x.as_slice(),
+        }
+    }
+}
+
+/// A (score, member) stream of a sorted set, in the order asked for.
+type Members<'a> = Box<dyn Iterator<Item = (f64, Vec<u8>)> + 'a>;
+
+/// `it` forwards or backwards, members copied out.
+fn small_iter<'a>(it: impl DoubleEndedIterator<Item = &'a (f64, Vec<u8>)> + 'a, rev: bool) -> Members<'a> {
+    let it = it.map(|(s, m)| (*s, m.clone()));
+    if rev {
+        Box::new(it.rev())
+    } else {
+        Box::new(it)
+    }
+}
+
 /// (score, member) pairs with scores in `[min, max]` (bounds may be exclusive).
-fn by_score<'a>(
-    kv: &'a dyn Kv,
-    key: &[u8],
-    min: ScoreBound,
-    max: ScoreBound,
-    rev: bool,
-) -> Box<dyn Iterator<Item = (f64, Vec<u8>)> + 'a> {
+fn by_score<'a>(kv: &'a dyn Kv, z: &'a ZSet, key: &[u8], min: ScoreBound, max: ScoreBound, rev: bool) -> Members<'a> {
     if min.v > max.v {
         return Box::new(std::iter::empty());
+    }
+    if let ZSet::Small(items) = z {
+        return small_iter(items.iter().filter(move |(s, _)| min.below(*s) && max.above(*s)), rev);
     }
     let sp = sub_prefix(ZSCORE, key);
     let mut lo = sp.clone();
@@ -264,14 +372,9 @@ fn by_score<'a>(
     )
 }
 
-/// (score, member) pairs with members in the lexicographic range.
-fn by_lex<'a>(
-    kv: &'a dyn Kv,
-    key: &[u8],
-    min: &LexBound,
-    max: &LexBound,
-    rev: bool,
-) -> Box<dyn Iterator<Item = (f64, Vec<u8>)> + 'a> {
+/// (score, member) pairs with members in the lexicographic range, in
+/// member order (the order of the `'z'` keys, whatever the scores).
+fn by_lex<'a>(kv: &'a dyn Kv, z: &'a ZSet, key: &[u8], min: &LexBound, max: &LexBound, rev: bool) -> Members<'a> {
     let mp = sub_prefix(ZMEMBER, key);
     let with = |m: &[u8]| {
         let mut k = mp.clone();
@@ -286,6 +389,11 @@ fn by_lex<'a>(
     };
     if empty {
         return Box::new(std::iter::empty());
+    }
+    if let ZSet::Small(items) = z {
+        let mut hit: Vec<&(f64, Vec<u8>)> = items.iter().filter(|(_, m)| min.below(m) && max.above(m)).collect();
+        hit.sort_unstable_by(|a, b| a.1.cmp(&b.1));
+        return small_iter(hit.into_iter(), rev);
     }
     let lo = match min {
         LexBound::NegInf => Bound::Included(mp.clone()),
@@ -307,7 +415,10 @@ fn by_lex<'a>(
 }
 
 /// Every (score, member) in score order.
-fn all<'a>(kv: &'a dyn Kv, key: &[u8], rev: bool) -> Box<dyn Iterator<Item = (f64, Vec<u8>)> + 'a> {
+fn all<'a>(kv: &'a dyn Kv, z: &'a ZSet, key: &[u8], rev: bool) -> Members<'a> {
+    if let ZSet::Small(items) = z {
+        return small_iter(items.iter(), rev);
+    }
     let sp = sub_prefix(ZSCORE, key);
     let n = sp.len();
     Box::new(prefix_scan(kv, &sp, rev).map(move |(k, _)| (score_from_bytes(&k[n..n + 8]), k[n + 8..].to_vec())))
@@ -315,10 +426,11 @@ fn all<'a>(kv: &'a dyn Kv, key: &[u8], rev: bool) -> Box<dyn Iterator<Item = (f6
 
 pub fn zcount(kv: &mut dyn Kv, _: &Cx, a: &[Bytes]) -> CmdResult {
     let (min, max) = (score_bound(&a[2])?, score_bound(&a[3])?);
-    if zcard_of(kv, &a[1])? == 0 {
+    let z = ZSet::load(kv, &a[1])?;
+    if z.len() == 0 {
         return Ok(Reply::Int(0));
     }
-    Ok(Reply::Int(by_score(kv, &a[1], min, max, false).count() as i64))
+    Ok(Reply::Int(by_score(kv, &z, &a[1], min, max, false).count() as i64))
 }
 
 fn rank(kv: &mut dyn Kv, a: &[Bytes], rev: bool) -> CmdResult {
@@ -327,18 +439,23 @@ fn rank(kv: &mut dyn Kv, a: &[Bytes], rev: bool) -> CmdResult {
         4 if eq(&a[3], "withscore") => true,
         _ => return fail(SYNTAX),
     };
-    let card = zcard_of(kv, &a[1])?;
+    let z = ZSet::load(kv, &a[1])?;
+    let card = z.len();
     let missing = if withscore { Reply::NilArray } else { Reply::Nil };
     if card == 0 {
         return Ok(missing);
     }
-    let Some(s) = member_score(kv, &a[1], &a[2])? else {
+    let Some(s) = z.score(kv, &a[1], &a[2])? else {
         return Ok(missing);
     };
-    let sp = sub_prefix(ZSCORE, &a[1]);
-    let before = kv
-        .scan(Bound::Included(sp), Bound::Excluded(score_key(&a[1], s, &a[2])), false)
-        .count() as i64;
+    let before = match &z {
+        ZSet::Small(items) => items.iter().position(|(_, m)| m == &a[2]).unwrap_or(0) as i64,
+        ZSet::Large { .. } => {
+            let sp = sub_prefix(ZSCORE, &a[1]);
+            kv.scan(Bound::Included(sp), Bound::Excluded(score_key(&a[1], s, &a[2])), false)
+                .count() as i64
+        }
+    };
     let r = if rev { card as i64 - 1 - before } else { before };
     Ok(if withscore {
         Reply::Array(vec![Reply::Int(r), Reply::Double(s)])
@@ -369,13 +486,14 @@ struct RangeReq {
 }
 
 fn run_range(kv: &mut dyn Kv, cx: &Cx, key: &[u8], q: RangeReq) -> CmdResult {
-    let card = zcard_of(kv, key)?;
+    let z = ZSet::load(kv, key)?;
+    let card = z.len();
     let mut items: Vec<(f64, Vec<u8>)> = Vec::new();
     if card > 0 {
         let (offset, count) = q.limit.unwrap_or((0, -1));
         if offset >= 0 {
             let take = if count < 0 { usize::MAX } else { count as usize };
-            let it: Box<dyn Iterator<Item = (f64, Vec<u8>)>> = match &q.by {
+            let it: Members<'_> = match &q.by {
                 RangeBy::Rank(s, e) => {
                     let len = card as i64;
                     let s = if *s < 0 { (len + s).max(0) } else { *s };
@@ -383,11 +501,11 @@ fn run_range(kv: &mut dyn Kv, cx: &Cx, key: &[u8], q: RangeReq) -> CmdResult {
                     if s > e || s >= len {
                         Box::new(std::iter::empty())
                     } else {
-                        Box::new(all(kv, key, q.rev).skip(s as usize).take((e - s + 1) as usize))
+                        Box::new(all(kv, &z, key, q.rev).skip(s as usize).take((e - s + 1) as usize))
                     }
                 }
-                RangeBy::Score(min, max) => by_score(kv, key, *min, *max, q.rev),
-                RangeBy::Lex(min, max) => by_lex(kv, key, min, max, q.rev),
+                RangeBy::Score(min, max) => by_score(kv, &z, key, *min, *max, q.rev),
+                RangeBy::Lex(min, max) => by_lex(kv, &z, key, min, max, q.rev),
             };
             items = it.skip(offset as usize).take(take).collect();
         }
@@ -551,4 +669,147 @@ pub fn zrangebylex(kv: &mut dyn Kv, cx: &Cx, a: &[Bytes]) -> CmdResult {
 
 pub fn zrevrangebylex(kv: &mut dyn Kv, cx: &Cx, a: &[Bytes]) -> CmdResult {
     by_lex_cmd(kv, cx, a, true)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use crate::cmd::fast::tests::{args, shared};
+    use crate::cmd::{execute, Conn};
+    use crate::keys::{meta_key, CompactLimits, Meta};
+    use crate::resp::Reply;
+    use crate::Config;
+
+    fn small(sh: &std::sync::Arc<crate::shared::Shared>, key: &str) -> Option<bool> {
+        let v = sh.store.db().get(&meta_key(key.as_bytes())).unwrap()?;
+        match Meta::decode(v) {
+            Some(Meta::SmallZSet(_)) => Some(true),
+            Some(Meta::ZSet { .. }) => Some(false),
+            m => panic!("{key}: {m:?}"),
+        }
+    }
+
+    /// ZADD, ZINCRBY and ZREM on sets that start small and grow past the
+    /// limits answer and store what a map does, read back by rank, score
+    /// and member ranges; a set is small exactly while it fits, until it
+    /// first outgrows the limits, and large for good after that.
+    #[test]
+    fn writes_and_ranges_match_a_map_across_layouts() {
+        let dir = tempfile::tempdir().unwrap();
+        let lim = CompactLimits {
+            entries: 6,
+            value: 4,
+            bytes: 100,
+        };
+        let cfg = Config {
+            zcompact: lim,
+            ..Config::default()
+        };
+        let sh = shared(&dir, cfg);
+        let mut c = Conn::new(1, true);
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move |n: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % n
+        };
+        let run = |c: &mut Conn, w: &[String]| {
+            let words: Vec<&str> = w.iter().map(String::as_str).collect();
+            execute(&sh, c, args(&words))
+        };
+        let (mut seen_small, mut seen_large) = (0, 0);
+        for key in ["z0", "z1", "z2", "z3", "z4"] {
+            // member -> score (small integers: exact in f64 and in text)
+            let mut model: BTreeMap<String, i64> = BTreeMap::new();
+            let mut was_large = false;
+            for _ in 0..30 {
+                let member = "m".repeat(1 + next(3) as usize) + &next(3).to_string();
+                let score = next(7) as i64 - 3;
+                let cmd: Vec<String> = match next(5) {
+                    0..=2 => vec!["zadd".into(), key.into(), score.to_string(), member.clone()],
+                    3 => vec!["zincrby".into(), key.into(), score.to_string(), member.clone()],
+                    _ => vec!["zrem".into(), key.into(), member.clone()],
+                };
+                let want = match cmd[0].as_str() {
+                    "zadd" => Reply::Int(model.insert(member.clone(), score).is_none() as i64),
+                    "zincrby" => {
+                        let s = model.entry(member.clone()).or_insert(0);
+                        *s += score;
+                        Reply::Double(*s as f64)
+                    }
+                    _ => Reply::Int(model.remove(&member).is_some() as i64),
+                };
+                assert_eq!(run(&mut c, &cmd), want, "{cmd:?}");
+                let mut by_score: Vec<(i64, &String)> = model.iter().map(|(m, s)| (*s, m)).collect();
+                by_score.sort();
+                let flat: Vec<Reply> = by_score
+                    .iter()
+                    .flat_map(|(s, m)| [Reply::bulk(m.as_bytes()), Reply::Double(*s as f64)])
+                    .collect();
+                let w = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+                assert_eq!(
+                    run(&mut c, &w(&["zrange", key, "0", "-1", "withscores"])),
+                    Reply::Array(flat),
+                    "{cmd:?}"
+                );
+                assert_eq!(run(&mut c, &w(&["zcard", key])), Reply::Int(model.len() as i64));
+                let mid: Vec<Reply> = by_score
+                    .iter()
+                    .filter(|(s, _)| (-1..=1).contains(s))
+                    .rev()
+                    .map(|(_, m)| Reply::bulk(m.as_bytes()))
+                    .collect();
+                assert_eq!(
+                    run(&mut c, &w(&["zrevrangebyscore", key, "1", "-1"])),
+                    Reply::Array(mid),
+                    "{cmd:?}"
+                );
+                let lex: Vec<Reply> = model
+                    .keys()
+                    .filter(|m| m.as_str() > "mm" && m.as_str() <= "mmm2")
+                    .map(|m| Reply::bulk(m.as_bytes()))
+                    .collect();
+                assert_eq!(
+                    run(&mut c, &w(&["zrangebylex", key, "(mm", "[mmm2"])),
+                    Reply::Array(lex),
+                    "{cmd:?}"
+                );
+                for (r, (s, m)) in by_score.iter().enumerate() {
+                    assert_eq!(run(&mut c, &w(&["zrank", key, m])), Reply::Int(r as i64));
+                    assert_eq!(
+                        run(&mut c, &w(&["zrevrank", key, m])),
+                        Reply::Int((by_score.len() - 1 - r) as i64)
+                    );
+                    assert_eq!(run(&mut c, &w(&["zscore", key, m])), Reply::Double(*s as f64));
+                }
+                let items: Vec<(f64, Vec<u8>)> = by_score
+                    .iter()
+                    .map(|(s, m)| (*s as f64, m.as_bytes().to_vec()))
+                    .collect();
+                match small(&sh, key) {
+                    None => {
+                        assert!(model.is_empty());
+                        was_large = false;
+                    }
+                    Some(true) => {
+                        assert!(lim.fits_zset(&items) && !was_large, "{cmd:?}");
+                        seen_small += 1;
+                    }
+                    Some(false) => {
+                        was_large = true;
+                        seen_large += 1;
+                    }
+                }
+                if !was_large {
+                    assert!(lim.fits_zset(&items) || model.is_empty(), "{cmd:?}");
+                }
+            }
+        }
+        assert!(
+            seen_small > 30 && seen_large > 30,
+            "{seen_small} small, {seen_large} large"
+        );
+    }
 }

@@ -520,6 +520,52 @@ mod tests {
         assert!(!CompactLimits { bytes: 19, ..l }.fits_zset(&[m(1.0, "abc")]));
     }
 
+    proptest::proptest! {
+        /// Decoding accepts exactly the bytes encoding writes: whatever
+        /// metadata value is read (a server's, one byte changed, random
+        /// bytes after any tag), it is refused or it encodes back to the
+        /// same bytes. So a damaged value is never half-read.
+        #[test]
+        fn decode_accepts_only_what_encode_writes(
+            zitems in proptest::collection::vec((-4i8..4, proptest::collection::vec(0u8..4, 0..3)), 1..6),
+            hpairs in proptest::collection::vec((proptest::collection::vec(0u8..4, 0..3), proptest::collection::vec(0u8..4, 0..3)), 1..6),
+            pick in 0usize..4,
+            at in proptest::num::usize::ANY,
+            to in proptest::num::u8::ANY,
+            tag in proptest::sample::select(vec![b's', b'h', b'z', b'H', b'Z', b'x']),
+            body in proptest::collection::vec(proptest::num::u8::ANY, 0..40),
+        ) {
+            let mut z: Vec<(f64, Vec<u8>)> = Vec::new();
+            for (s, m) in zitems {
+                if !z.iter().any(|(_, x)| *x == m) {
+                    z.push((f64::from(s) / 2.0, m));
+                }
+            }
+            z.sort_by(zset_order);
+            let mut h = hpairs;
+            h.sort();
+            h.dedup_by(|a, b| a.0 == b.0);
+            let metas = [
+                Meta::SmallZSet(z),
+                Meta::SmallHash(h),
+                Meta::ZSet { count: 3 },
+                Meta::String(b"abc".to_vec()),
+            ];
+            let good = metas[pick].encode();
+            proptest::prop_assert_eq!(Meta::decode(good.clone()).map(|m| m.encode()), Some(good.clone()));
+            let mut changed = good.clone();
+            let i = at % changed.len();
+            changed[i] = to;
+            let mut random = vec![tag];
+            random.extend_from_slice(&body);
+            for v in [changed, random, good[..good.len() - 1].to_vec()] {
+                if let Some(m) = Meta::decode(v.clone()) {
+                    proptest::prop_assert_eq!(m.encode(), v);
+                }
+            }
+        }
+    }
+
     #[test]
     fn compact_limits() {
         let l = CompactLimits {

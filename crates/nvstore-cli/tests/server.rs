@@ -93,6 +93,37 @@ fn error_texts_match_redis() {
         .cmd(&["auth", "x"])
         .err_text()
         .starts_with("ERR AUTH <password> called without any password"));
+    // OBJECT: Redis' texts for arity and unknown subcommands, nil for a
+    // missing key, Redis' names for the layouts.
+    assert_eq!(
+        c.cmd(&["object", "encoding"]),
+        R::Err("ERR wrong number of arguments for 'object|encoding' command".into())
+    );
+    assert_eq!(
+        c.cmd(&["object", "foo", "k"]),
+        R::Err("ERR unknown subcommand 'foo'. Try OBJECT HELP.".into())
+    );
+    assert_eq!(
+        c.cmd(&["object"]),
+        R::Err("ERR wrong number of arguments for 'object' command".into())
+    );
+    assert_eq!(c.cmd(&["object", "encoding", "missing"]), R::Nil);
+    assert!(c
+        .cmd(&["object", "freq", "s"])
+        .err_text()
+        .starts_with("ERR An LFU maxmemory policy is not selected"));
+    assert!(c.cmd(&["object", "idletime", "s"]).err_text().starts_with("ERR "));
+    assert_eq!(c.cmd(&["object", "refcount", "s"]), R::Int(1));
+    assert!(matches!(c.cmd(&["object", "help"]), R::Array(v) if v.len() > 5));
+    assert_eq!(c.cmd(&["set", "long", &"x".repeat(45)]), R::ok());
+    for (k, want) in [("n", "int"), ("s", "embstr"), ("long", "raw"), ("h", "listpack")] {
+        assert_eq!(c.cmd(&["object", "encoding", k]), R::s(want), "{k}");
+    }
+    // Not as string2ll reads an integer: a leading zero.
+    assert_eq!(c.cmd(&["set", "n", "012"]), R::ok());
+    assert_eq!(c.cmd(&["zadd", "z", "1", "m"]), R::Int(1));
+    assert_eq!(c.cmd(&["object", "encoding", "n"]), R::s("embstr"));
+    assert_eq!(c.cmd(&["object", "encoding", "z"]), R::s("listpack"));
 }
 
 #[test]
@@ -821,6 +852,14 @@ fn kill_while_hashes_change_layout_keeps_every_acknowledged_field() {
                 .flat_map(|f| [R::s(&format!("f{f}")), R::s(&format!("{h}:{f}"))])
                 .collect();
             assert_eq!(all, want, "{h}: not a prefix of the fields sent");
+            // Compact exactly while within the limit: the move and the write
+            // that caused it commit together.
+            let layout = match n {
+                0 => R::Nil,
+                1..=5 => R::s("listpack"),
+                _ => R::s("hashtable"),
+            };
+            assert_eq!(c.cmd(&["object", "encoding", h]), layout, "{h}: {n} fields");
             n
         },
     });
@@ -866,6 +905,8 @@ fn kill_while_sorted_sets_change_layout_keeps_every_acknowledged_member() {
             if n > 0 {
                 let last = format!("m{}", n - 1);
                 assert_eq!(c.cmd(&["zrank", z, &last]), R::Int(n as i64 - 1), "{z}");
+                let layout = if n <= 5 { "listpack" } else { "skiplist" };
+                assert_eq!(c.cmd(&["object", "encoding", z]), R::s(layout), "{z}: {n} members");
             }
             n
         },

@@ -1,5 +1,5 @@
-//! Commands over the key space: DEL, EXISTS, TYPE, KEYS, SCAN, DBSIZE,
-//! FLUSHDB, and the ordered reads NV.RANGE / NV.PREFIX. Every user key has
+//! Commands over the key space: DEL, EXISTS, TYPE, OBJECT, KEYS, SCAN,
+//! DBSIZE, FLUSHDB, and the ordered reads NV.RANGE / NV.PREFIX. Every user key has
 //! one `'m'` metadata key, so these walk the `'m'` range in key order.
 
 use std::ops::Bound;
@@ -38,6 +38,78 @@ pub fn type_(kv: &mut dyn Kv, _: &Cx, a: &[Bytes]) -> CmdResult {
     Ok(Reply::StatusOwned(
         meta(kv, &a[1])?.map_or("none", |m| m.ty().name()).to_string(),
     ))
+}
+
+/// OBJECT ENCODING | REFCOUNT | FREQ | IDLETIME key, OBJECT HELP.
+///
+/// ENCODING names the layout in Redis' words, so a client can see which
+/// values are compact: a string `int`, `embstr` or `raw` by its bytes (as
+/// Redis encodes a value it is given; Redis also answers `raw` for a short
+/// string grown by APPEND, which nvstore does not track), a hash `listpack`
+/// (small, one value) or `hashtable` (one key per field), a sorted set
+/// `listpack` or `skiplist` (two keys per member). REFCOUNT is always 1
+/// (values are not shared). Neither access frequency nor idle time is
+/// tracked: FREQ answers Redis' error for a server without an LFU policy,
+/// IDLETIME an error that says so.
+pub fn object(kv: &mut dyn Kv, _: &Cx, a: &[Bytes]) -> CmdResult {
+    let sub = String::from_utf8_lossy(&a[1]).to_lowercase();
+    let arity = match sub.as_str() {
+        "help" => 2,
+        "encoding" | "refcount" | "freq" | "idletime" => 3,
+        _ => {
+            return fail(format!(
+                "ERR unknown subcommand '{}'. Try OBJECT HELP.",
+                String::from_utf8_lossy(&a[1])
+            ))
+        }
+    };
+    if a.len() != arity {
+        return Err(CmdError::Reply(super::wrong_arity(&format!("object|{sub}"))));
+    }
+    if sub == "help" {
+        let lines = [
+            "OBJECT <subcommand> [<arg> [value] [opt] ...]. Subcommands are:",
+            "ENCODING <key>",
+            "    Return the kind of internal representation used in order to store the value",
+            "    associated with a <key>.",
+            "FREQ <key>",
+            "    Not tracked by nvstore serve (no LFU policy).",
+            "IDLETIME <key>",
+            "    Not tracked by nvstore serve.",
+            "REFCOUNT <key>",
+            "    Return the number of references of the value associated with the specified",
+            "    <key> (always 1: values are not shared).",
+            "HELP",
+            "    Prints this help.",
+        ];
+        return Ok(Reply::Array(
+            lines.iter().map(|l| Reply::StatusOwned(l.to_string())).collect(),
+        ));
+    }
+    let Some(m) = meta(kv, &a[2])? else {
+        return Ok(Reply::Nil);
+    };
+    match sub.as_str() {
+        "encoding" => Ok(Reply::bulk(encoding(&m).as_bytes())),
+        "refcount" => Ok(Reply::Int(1)),
+        "freq" => fail(
+            "ERR An LFU maxmemory policy is not selected, access frequency not tracked. Please note that when \
+             switching between policies at runtime LRU and LFU data will take some time to adjust.",
+        ),
+        _ => fail("ERR nvstore serve does not track access times: OBJECT IDLETIME is not supported"),
+    }
+}
+
+/// Redis' name for how `m` is stored.
+fn encoding(m: &Meta) -> &'static str {
+    match m {
+        Meta::String(v) if v.len() <= 20 && crate::num::parse_i64(v).is_some() => "int",
+        Meta::String(v) if v.len() <= 44 => "embstr",
+        Meta::String(_) => "raw",
+        Meta::SmallHash(_) | Meta::SmallZSet(_) => "listpack",
+        Meta::Hash { .. } => "hashtable",
+        Meta::ZSet { .. } => "skiplist",
+    }
 }
 
 pub fn dbsize(kv: &mut dyn Kv, _: &Cx, _: &[Bytes]) -> CmdResult {

@@ -169,6 +169,7 @@ pub static COMMANDS: &[Spec] = &[
     spec("unlink", -2, W, KALL, Some(keyspace::del)),
     spec("exists", -2, R, KALL, Some(keyspace::exists)),
     spec("type", 2, R, K1, Some(keyspace::type_)),
+    spec("object", -2, R, (2, 2, 1), Some(keyspace::object)),
     spec("keys", 2, R, NK, Some(keyspace::keys)),
     spec("scan", -2, R, NK, Some(keyspace::scan)),
     spec("nv.range", -3, R, NK, Some(keyspace::nv_range)),

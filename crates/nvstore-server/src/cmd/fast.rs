@@ -129,6 +129,17 @@ pub(crate) mod tests {
     use crate::store::Store;
     use crate::Config;
 
+    /// A small deterministic generator for the command tests: each call
+    /// gives a number below its argument (xorshift from `seed`).
+    pub(crate) fn below(mut seed: u64) -> impl FnMut(u64) -> u64 {
+        move |n| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % n
+        }
+    }
+
     /// A server state over a fresh pool in `dir`, with `cfg`'s limits.
     pub(crate) fn shared(dir: &tempfile::TempDir, cfg: Config) -> Arc<Shared> {
         let store = Store::open(&dir.path().join("p.nvs"), nvstore::Options::default()).unwrap();

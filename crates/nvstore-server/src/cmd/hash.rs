@@ -387,7 +387,7 @@ pub fn hincrby(kv: &mut dyn Kv, cx: &Cx, a: &[Bytes]) -> CmdResult {
 mod tests {
     use std::collections::BTreeMap;
 
-    use crate::cmd::fast::tests::{args, shared};
+    use crate::cmd::fast::tests::{args, below, shared};
     use crate::cmd::{execute, Conn};
     use crate::keys::{CompactLimits, Meta};
     use crate::resp::Reply;
@@ -409,13 +409,7 @@ mod tests {
         };
         let sh = shared(&dir, cfg);
         let mut c = Conn::new(1, true);
-        let mut x = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = move |n: u64| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x % n
-        };
+        let mut next = below(0x9e37_79b9_7f4a_7c15u64);
         for key in ["k0", "k1", "k2", "k3"] {
             let mut model = BTreeMap::new();
             for _ in 0..12 {

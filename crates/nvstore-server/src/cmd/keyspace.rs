@@ -103,7 +103,8 @@ pub fn object(kv: &mut dyn Kv, _: &Cx, a: &[Bytes]) -> CmdResult {
 /// Redis' name for how `m` is stored.
 fn encoding(m: &Meta) -> &'static str {
     match m {
-        Meta::String(v) if v.len() <= 20 && crate::num::parse_i64(v).is_some() => "int",
+        // parse_i64 reads at most 20 bytes, as Redis' check does.
+        Meta::String(v) if crate::num::parse_i64(v).is_some() => "int",
         Meta::String(v) if v.len() <= 44 => "embstr",
         Meta::String(_) => "raw",
         Meta::SmallHash(_) | Meta::SmallZSet(_) => "listpack",

@@ -445,16 +445,22 @@ fn rank(kv: &mut dyn Kv, a: &[Bytes], rev: bool) -> CmdResult {
     if card == 0 {
         return Ok(missing);
     }
-    let Some(s) = z.score(kv, &a[1], &a[2])? else {
-        return Ok(missing);
-    };
-    let before = match &z {
-        ZSet::Small(items) => items.iter().position(|(_, m)| m == &a[2]).unwrap_or(0) as i64,
-        ZSet::Large { .. } => {
+    // (score, members before it in score order)
+    let found = match &z {
+        ZSet::Small(items) => items
+            .iter()
+            .position(|(_, m)| m == &a[2])
+            .map(|i| (items[i].0, i as i64)),
+        ZSet::Large { .. } => z.score(kv, &a[1], &a[2])?.map(|s| {
             let sp = sub_prefix(ZSCORE, &a[1]);
-            kv.scan(Bound::Included(sp), Bound::Excluded(score_key(&a[1], s, &a[2])), false)
-                .count() as i64
-        }
+            let n = kv
+                .scan(Bound::Included(sp), Bound::Excluded(score_key(&a[1], s, &a[2])), false)
+                .count();
+            (s, n as i64)
+        }),
+    };
+    let Some((s, before)) = found else {
+        return Ok(missing);
     };
     let r = if rev { card as i64 - 1 - before } else { before };
     Ok(if withscore {
@@ -675,7 +681,7 @@ pub fn zrevrangebylex(kv: &mut dyn Kv, cx: &Cx, a: &[Bytes]) -> CmdResult {
 mod tests {
     use std::collections::BTreeMap;
 
-    use crate::cmd::fast::tests::{args, shared};
+    use crate::cmd::fast::tests::{args, below, shared};
     use crate::cmd::{execute, Conn};
     use crate::keys::{meta_key, CompactLimits, Meta};
     use crate::resp::Reply;
@@ -708,13 +714,7 @@ mod tests {
         };
         let sh = shared(&dir, cfg);
         let mut c = Conn::new(1, true);
-        let mut x = 0x2545_f491_4f6c_dd1du64;
-        let mut next = move |n: u64| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x % n
-        };
+        let mut next = below(0x2545_f491_4f6c_dd1du64);
         let run = |c: &mut Conn, w: &[String]| {
             let words: Vec<&str> = w.iter().map(String::as_str).collect();
             execute(&sh, c, args(&words))

@@ -47,3 +47,81 @@ fn random_inserts_keep_plns_small() {
     let r = db.check();
     assert!(r.ok, "{:?}", r.problems);
 }
+
+type Handle = std::sync::Arc<nvstore::tree::Leaf<nvstore::tree::nv::Nv>>;
+
+/// Every leaf of `db`'s index with the guide its PLN slot holds.
+fn guides(db: &Db<SimSpace>) -> Vec<(Handle, u64)> {
+    let idx = db.tree().index.load();
+    let mut v = Vec::new();
+    for p in &idx.plns[..idx.used_plns] {
+        let pln = p.load();
+        v.extend(pln.entries.iter().map(|e| e.leaf.clone()).zip(pln.guides()));
+    }
+    v
+}
+
+/// Leaves in both `before` and `after` (the same handle) whose guide
+/// changed or was lost; and how many leaves `after` keeps from `before`.
+fn lost_guides(before: &[(Handle, u64)], db: &Db<SimSpace>) -> (usize, usize) {
+    let after = guides(db);
+    let (mut lost, mut kept) = (0, 0);
+    for (leaf, g) in &after {
+        if let Some((_, was)) = before.iter().find(|(l, _)| std::sync::Arc::ptr_eq(l, leaf)) {
+            kept += 1;
+            lost += (g != was) as usize;
+        }
+    }
+    (lost, kept)
+}
+
+#[test]
+fn slots_keep_their_guides_across_splits_and_rebuilds() {
+    // A guide (where a lookup's entry probably lies) is learned by the
+    // first lookup of a leaf through its PLN slot; a split copies the PLN
+    // and a rebuild lays out new ones, and both must carry it over.
+    let opts = Options {
+        node_size: 256,
+        size: 16 << 20,
+        adaptive: Adaptive::Off,
+        ..Options::default()
+    };
+    let db = Db::create_in(SimSpace::new(16 << 20), "guides".as_ref(), &opts).unwrap();
+    let mut rng = StdRng::seed_from_u64(11);
+    let mut keys = Vec::new();
+    let mut put = |keys: &mut Vec<u64>, n: usize| {
+        for _ in 0..n {
+            let k: u64 = rng.gen();
+            db.put(&k.to_be_bytes(), b"v").unwrap();
+            keys.push(k);
+        }
+    };
+    put(&mut keys, 6000);
+    let read_all = |keys: &[u64]| {
+        for k in keys {
+            assert!(db.get(&k.to_be_bytes()).unwrap().is_some());
+        }
+    };
+    read_all(&keys);
+    let before = guides(&db);
+    assert!(before.iter().all(|(_, g)| *g != 0), "every leaf was read");
+    // Splits without a rebuild: each copies its PLN.
+    let rebuilds = db.stat().rebuilds;
+    put(&mut keys, 150);
+    assert_eq!(db.stat().rebuilds, rebuilds, "the test wants splits alone here");
+    let (lost, kept) = lost_guides(&before, &db);
+    assert!(
+        kept < before.len(),
+        "{kept} of {} leaves kept: no splits?",
+        before.len()
+    );
+    assert_eq!(lost, 0, "{lost} of {kept} kept leaves lost their guide in a split");
+    // Then enough to rebuild the index.
+    read_all(&keys);
+    let before = guides(&db);
+    put(&mut keys, 6000);
+    assert!(db.stat().rebuilds > rebuilds);
+    let (lost, kept) = lost_guides(&before, &db);
+    assert!(kept > 100, "{kept} leaves kept");
+    assert_eq!(lost, 0, "{lost} of {kept} kept leaves lost their guide in a rebuild");
+}

@@ -198,7 +198,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
         let structure = self.structure.lock();
         let ts = loop {
             let _guard = epoch::pin();
-            let idx = self.index.load_full();
+            let idx = self.index.load();
             // Group the keys by leaf; leaves come in chain order.
             let mut groups: Vec<(Arc<Leaf<L>>, Vec<usize>)> = Vec::new();
             for (i, (k, _)) in keys.iter().enumerate() {
@@ -331,7 +331,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
         self.writable_tree()?;
         loop {
             let guard = epoch::pin();
-            let step = self.with_sound_leaf(key, |leaf| -> Result<OneStep<R>> {
+            let step = self.with_sound_leaf(&guard, key, |leaf| -> Result<OneStep<R>> {
                 let lk = leaf.lock.lock();
                 if leaf.dead.load(Ordering::Acquire) {
                     return Ok(OneStep::Again);

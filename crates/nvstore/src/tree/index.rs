@@ -20,9 +20,10 @@ use std::cmp::Ordering;
 use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
 use std::sync::Arc;
 
-use arc_swap::ArcSwap;
+use crossbeam_epoch as epoch;
 use smallvec::SmallVec;
 
+use super::swap::Swap;
 use super::LeafRef;
 
 /// Keys a PLN holds (`m` in the paper) and the IN fan-out `2m + 1`.
@@ -97,10 +98,16 @@ pub struct Pln<St> {
     words: SmallVec<[u64; INLINE_SLOTS]>,
     /// The entries' leaves, in the same order: what routing hands on.
     leaves: SmallVec<[Slot<St>; INLINE_SLOTS]>,
-    pub entries: Vec<Entry<St>>,
+    pub entries: Box<[Entry<St>]>,
     /// Entries it may hold before the index is rebuilt: the index's
     /// `pln_limit`, more for a hot-write PLN (NV-Tree §5.5).
     pub limit: usize,
+    /// The prefix word of the bound below its first entry (the inner
+    /// separator that routes here; 0 for the first PLN): the lower bound
+    /// a lookup in its first leaf interpolates from. Splits and merges
+    /// inside a PLN keep its last bound, so this holds for the index's
+    /// life.
+    low: u64,
 }
 
 /// A leaf as its PLN routes to it: the handle, and the leaf format's
@@ -112,7 +119,7 @@ struct Slot<St> {
 }
 
 impl<St> Pln<St> {
-    pub fn new(entries: Vec<Entry<St>>, limit: usize) -> Self {
+    fn new(entries: Vec<Entry<St>>, limit: usize, low: u64) -> Self {
         Pln {
             words: entries.iter().map(|e| bound_word(&e.max)).collect(),
             leaves: entries
@@ -122,9 +129,29 @@ impl<St> Pln<St> {
                     guide: AtomicU64::new(0),
                 })
                 .collect(),
-            entries,
+            entries: entries.into_boxed_slice(),
             limit,
+            low,
         }
+    }
+
+    /// The PLN that replaces `self` after a split or merge inside it:
+    /// `entries`, with the guides `self` learned for the leaves they keep
+    /// (a leaf's guide never changes: a rewrite makes a new leaf).
+    pub fn successor(&self, entries: Vec<Entry<St>>) -> Self {
+        let new = Pln::new(entries, self.limit, self.low);
+        for slot in &new.leaves {
+            if let Some(old) = self.leaves.iter().find(|o| Arc::ptr_eq(&o.leaf, &slot.leaf)) {
+                slot.guide
+                    .store(old.guide.load(AtomicOrdering::Relaxed), AtomicOrdering::Relaxed);
+            }
+        }
+        new
+    }
+
+    /// The guides of its leaves, in entry order (0 where none is known).
+    pub fn guides(&self) -> impl Iterator<Item = u64> + '_ {
+        self.leaves.iter().map(|s| s.guide.load(AtomicOrdering::Relaxed))
     }
 
     /// The first entry whose bound is >= key (> key when `strict`).
@@ -217,7 +244,7 @@ pub struct Index<St> {
     words: Vec<NodeWords>,
     /// Number of IN nodes (PLN ids start here).
     inner_nodes: usize,
-    pub plns: Vec<ArcSwap<Pln<St>>>,
+    pub plns: Vec<Swap<Pln<St>>>,
     /// How many PLNs carry entries (the rest pad the complete tree).
     pub used_plns: usize,
     pub generation: u64,
@@ -269,13 +296,14 @@ impl<St> Index<St> {
         }
         let depth = widths.len() - 1; // inner levels
         let inner_nodes: usize = widths[..depth].iter().sum();
-        let mut plns: Vec<ArcSwap<Pln<St>>> = Vec::with_capacity(used);
+        let mut plns: Vec<Swap<Pln<St>>> = Vec::with_capacity(used);
         let mut bounds: Vec<Bound> = Vec::with_capacity(used);
         let limit = pln_limit(n_entries);
         let writes = |es: &[Entry<St>]| -> u64 { es.iter().map(|e| e.leaf.counters.get().writes).sum() };
         let total = if hot { writes(&entries) } else { 0 };
         let mut hot_plns = 0;
         let mut it = entries.into_iter().peekable();
+        let mut low = 0;
         for _ in 0..used {
             let chunk: Vec<Entry<St>> = it.by_ref().take(PLN_FILL).collect();
             let last = it.peek().is_none();
@@ -290,7 +318,9 @@ impl<St> Index<St> {
                 0
             };
             hot_plns += (extra > 0) as usize;
-            plns.push(ArcSwap::from_pointee(Pln::new(chunk, limit + extra)));
+            let next_low = bound_word(&chunk.last().unwrap().max);
+            plns.push(Swap::from_pointee(Pln::new(chunk, limit + extra, low)));
+            low = next_low;
         }
         // Real node counts per level, bottom-up.
         let mut counts = vec![0usize; depth + 1];
@@ -358,6 +388,20 @@ impl<St> Index<St> {
         2 * leaves > 3 * self.built_leaves.max(PLN_FILL) as u64
     }
 
+    /// Gives the slots, in entry order, the guides `guides` yields (a
+    /// rebuilt index keeps what the old one learned; 0 leaves a slot to
+    /// learn its own).
+    pub fn seed_guides(&self, mut guides: impl Iterator<Item = u64>) {
+        for p in &self.plns[..self.used_plns] {
+            for slot in &p.load().leaves {
+                match guides.next() {
+                    Some(g) => slot.guide.store(g, AtomicOrdering::Relaxed),
+                    None => return,
+                }
+            }
+        }
+    }
+
     /// Algorithm 1 (FINDLEAF): descend the pointerless INs to a PLN id.
     /// With `strict`, route to the first bound > key instead of >= key.
     #[inline]
@@ -395,17 +439,18 @@ impl<St> Index<St> {
     /// a clone and its drop cost (and the stall on that line).
     #[inline]
     pub fn with_leaf<R>(&self, key: &[u8], f: impl FnOnce(&Arc<LeafRef<St>>) -> R) -> R {
-        self.with_leaf_guided(key, |_, _, _, _| {}, |leaf, _| f(leaf))
+        self.with_leaf_guided(&epoch::pin(), key, |_, _, _, _| {}, |leaf, _| f(leaf))
     }
 
     /// [`Index::with_leaf`] for a reader that prefetches: before `f` runs,
     /// `guess(guide, lo, hi, kw)` is called with the leaf's guide (when one
-    /// is known, and the leaf is not its PLN's first, whose lower bound
-    /// lives in another PLN), the prefix words of the leaf's bounds and the
-    /// key's word. `f` also gets the guide's cell, to fill in when it is 0.
+    /// is known), the prefix words of the leaf's bounds and the key's
+    /// word. `f` also gets the guide's cell, to fill in when it is 0.
+    /// The PLN is read under `pin` (no reference count is touched).
     #[inline]
     pub fn with_leaf_guided<R>(
         &self,
+        pin: &epoch::Guard,
         key: &[u8],
         guess: impl FnOnce(u64, u64, u64, u64),
         f: impl FnOnce(&Arc<LeafRef<St>>, Option<&AtomicU64>) -> R,
@@ -413,12 +458,13 @@ impl<St> Index<St> {
         let kw = crate::format::leaf_nv::key_word(key);
         let mut p = self.find_pln_word(key, kw, false).min(self.used_plns - 1);
         loop {
-            let pln = self.plns[p].load();
+            let pln = self.plns[p].get(pin);
             let pos = pln.position(key, kw, false);
             if let Some(slot) = pln.leaves.get(pos) {
                 let guide = slot.guide.load(AtomicOrdering::Relaxed);
-                if guide != 0 && pos > 0 {
-                    guess(guide, pln.words[pos - 1], pln.words[pos], kw);
+                if guide != 0 {
+                    let lo = if pos > 0 { pln.words[pos - 1] } else { pln.low };
+                    guess(guide, lo, pln.words[pos], kw);
                 }
                 return f(&slot.leaf, Some(&slot.guide));
             }
@@ -444,11 +490,12 @@ impl<St> Index<St> {
     fn route(&self, key: &[u8], strict: bool) -> Found<St> {
         let kw = crate::format::leaf_nv::key_word(key);
         let mut p = self.find_pln_word(key, kw, strict).min(self.used_plns - 1);
+        let pin = epoch::pin();
         loop {
-            let pln = self.plns[p].load();
+            let pln = self.plns[p].get(&pin);
             let pos = pln.position(key, kw, strict);
             if pos < pln.entries.len() {
-                return self.found_at(p, pos, &pln);
+                return self.found_at(p, pos, pln);
             }
             if p + 1 >= self.used_plns {
                 return self.find_last();
@@ -648,6 +695,41 @@ mod tests {
             let pln = p.load();
             assert!(!pln.words.spilled() && !pln.leaves.spilled());
         }
+    }
+
+    #[test]
+    fn the_first_leaf_of_a_pln_guesses_from_the_separator_below_it() {
+        let idx = Index::build(entries(40), 0);
+        let pin = epoch::pin();
+        let guessed = |key: &[u8]| {
+            let mut seen = None;
+            idx.with_leaf_guided(
+                &pin,
+                key,
+                |g, lo, hi, kw| seen = Some((g, lo, hi, kw)),
+                |_, cell| {
+                    cell.unwrap().store(7, AtomicOrdering::Relaxed);
+                },
+            );
+            seen
+        };
+        // Leaf 4 (keys k00040..k00049) is the first of the second PLN:
+        // below it lies leaf 3's bound, k00039, in the first PLN.
+        assert_eq!(guessed(b"k00045"), None, "no guide learned yet");
+        let word = |k: &[u8]| crate::format::leaf_nv::key_word(k);
+        assert_eq!(
+            guessed(b"k00045"),
+            Some((7, word(b"k00039"), word(b"k00049"), word(b"k00045")))
+        );
+        // The very first leaf has nothing below it.
+        guessed(b"k00001");
+        assert_eq!(guessed(b"k00001"), Some((7, 0, word(b"k00009"), word(b"k00001"))));
+        // Leaf 5 is not first: its PLN neighbour bounds it.
+        guessed(b"k00055");
+        assert_eq!(
+            guessed(b"k00055"),
+            Some((7, word(b"k00049"), word(b"k00059"), word(b"k00055")))
+        );
     }
 
     #[test]

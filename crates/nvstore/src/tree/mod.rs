@@ -24,13 +24,13 @@ pub mod leaf;
 pub mod mvcc;
 pub mod nv;
 pub mod split;
+pub mod swap;
 
 use std::marker::PhantomData;
 use std::ops::Bound as RB;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use arc_swap::ArcSwap;
 use crossbeam_epoch as epoch;
 use parking_lot::Mutex;
 
@@ -44,6 +44,7 @@ use adaptive::{LeafCounters, Profile, Strategy};
 use index::{Entry, Index};
 use leaf::{LeafFormat, Removed, Written};
 use mvcc::Clock;
+use swap::Swap;
 
 pub use cursor::{in_range, no_keys_between, RangeIter, SnapshotPin};
 
@@ -147,7 +148,7 @@ pub struct TreeStats {
 pub struct Tree<S: Space, L: LeafFormat> {
     pub space: Arc<S>,
     pub alloc: Arc<Allocator>,
-    pub index: ArcSwap<Index<L::State>>,
+    pub index: Swap<Index<L::State>>,
     structure: Mutex<()>,
     /// Serialises transaction commits (NV-Tree §6.1.1): at most one multi-leaf
     /// transaction is ever unfinished, so one header word records commits.
@@ -187,7 +188,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
         Tree {
             space,
             alloc,
-            index: ArcSwap::from_pointee(Index::build(entries, 0)),
+            index: Swap::from_pointee(Index::build(entries, 0)),
             structure: Mutex::new(()),
             commit_lock: Mutex::new(()),
             clock: Clock::new(last_ts),
@@ -313,9 +314,9 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
     #[inline]
     pub fn get_with_at<R>(&self, key: &[u8], at: u64, f: impl FnOnce(&[u8]) -> R) -> Result<Option<R>> {
         loop {
-            let _g = epoch::pin();
+            let pin = epoch::pin();
             let space = &*self.space;
-            let found = self.with_sound_leaf(key, |leaf| -> Result<_> {
+            let found = self.with_sound_leaf(&pin, key, |leaf| -> Result<_> {
                 self.adaptive.read(&leaf.counters);
                 Ok(L::read_ref(space, leaf, key, at))
             })?;
@@ -333,14 +334,19 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
     /// the leaf's handle; every point operation (read, write, delete)
     /// routes here. A PLN slot with no guide yet gets one.
     #[inline]
-    fn with_sound_leaf<R>(&self, key: &[u8], f: impl FnOnce(&Arc<Leaf<L>>) -> Result<R>) -> Result<R> {
+    fn with_sound_leaf<R>(
+        &self,
+        pin: &epoch::Guard,
+        key: &[u8],
+        f: impl FnOnce(&Arc<Leaf<L>>) -> Result<R>,
+    ) -> Result<R> {
         let space = &*self.space;
         let guess = |guide, lo, hi, kw| {
             if key.len() == 8 {
                 L::prefetch_guess(space, guide, lo, hi, kw);
             }
         };
-        self.index.load().with_leaf_guided(key, guess, |leaf, guide| {
+        self.index.get(pin).with_leaf_guided(pin, key, guess, |leaf, guide| {
             self.sound(leaf)?;
             let r = f(leaf);
             if let Some(g) = guide.filter(|g| g.load(Ordering::Relaxed) == 0) {
@@ -352,8 +358,8 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
 
     /// Commit timestamp of `key`'s newest element (a delete's too).
     pub fn newest_version(&self, key: &[u8]) -> Result<Option<u64>> {
-        let _g = epoch::pin();
-        let leaf = self.index.load().find_leaf(key);
+        let pin = epoch::pin();
+        let leaf = self.index.get(&pin).find_leaf(key);
         self.sound(&leaf)?;
         let n = leaf.durable.load(Ordering::Acquire);
         Ok(L::newest(&*self.space, &leaf, n, key, u64::MAX).map(|e| e.version))
@@ -395,7 +401,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
             // The leaf is borrowed from its PLN for the whole write (no
             // reference-count traffic on its handle), and routing happens
             // once: the soundness check rides on the same lookup.
-            let step = self.with_sound_leaf(key, |leaf| -> Result<Step> {
+            let step = self.with_sound_leaf(&guard, key, |leaf| -> Result<Step> {
                 let _lk = leaf.lock.lock();
                 if leaf.dead.load(Ordering::Acquire) {
                     return Ok(Step::Again);
@@ -446,7 +452,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
         loop {
             let guard = epoch::pin();
             let mut low = false;
-            let step = self.with_sound_leaf(key, |leaf| -> Result<Step> {
+            let step = self.with_sound_leaf(&guard, key, |leaf| -> Result<Step> {
                 let _lk = leaf.lock.lock();
                 if leaf.dead.load(Ordering::Acquire) {
                     return Ok(Step::Again);

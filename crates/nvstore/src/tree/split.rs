@@ -44,7 +44,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
         // The adaptive model learns what a split costs (Model::split_fixed_ns).
         let started = self.adaptive.on().then(std::time::Instant::now);
         let guard = epoch::pin();
-        let idx = self.index.load_full();
+        let idx = self.index.load();
         let f = idx.find(key);
         let leaf = f.leaf.clone();
         let lk = leaf.lock.lock();
@@ -273,7 +273,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
             .collect();
         let pln = idx.plns[f.pln].load();
         let remove = if merged.is_some() { 2 } else { 1 };
-        let mut entries = pln.entries.clone();
+        let mut entries = pln.entries.to_vec();
         entries.splice(f.pos..f.pos + remove, fresh);
         self.replace_pln(idx, f.pln, &pln, entries);
         leaf.dead.store(true, Ordering::Release);
@@ -344,7 +344,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
             },
         ];
         let pln = idx.plns[f.pln].load();
-        let mut entries = pln.entries.clone();
+        let mut entries = pln.entries.to_vec();
         entries.splice(f.pos..f.pos + 1, fresh);
         self.replace_pln(idx, f.pln, &pln, entries);
         self.stats.splits.fetch_add(1, Ordering::Relaxed);
@@ -442,7 +442,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
         let leaves = self.adaptive.leaves.load(Ordering::Relaxed) + entries.len() as u64 - pln.entries.len() as u64;
         self.adaptive.leaves.store(leaves, Ordering::Relaxed);
         if entries.len() <= pln.limit && !idx.outgrown(leaves) {
-            idx.plns[p].store(Arc::new(Pln::new(entries, pln.limit)));
+            idx.plns[p].store(Arc::new(pln.successor(entries)));
         } else {
             self.rebuild_from_plns(idx, p, entries, leaves as usize);
         }
@@ -460,14 +460,25 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
     ) {
         let t = Instant::now();
         let mut all = Vec::with_capacity(leaves);
+        // What the slots learned (`Index::with_leaf_guided`) carries over.
+        let mut guides = Vec::with_capacity(leaves);
         let mut changed_entries = Some(changed_entries);
         for (p, pln) in idx.plns[..idx.used_plns].iter().enumerate() {
+            let pln = pln.load();
             match changed_entries.take_if(|_| p == changed) {
-                Some(moved) => all.extend(moved),
-                None => all.extend(pln.load().entries.iter().cloned()),
+                Some(moved) => {
+                    let kept = pln.successor(moved);
+                    guides.extend(kept.guides());
+                    all.extend(kept.entries.into_vec());
+                }
+                None => {
+                    guides.extend(pln.guides());
+                    all.extend(pln.entries.iter().cloned());
+                }
             }
         }
         let new = Index::build_adaptive(all, idx.generation + 1, self.adaptive.on());
+        new.seed_guides(guides.into_iter());
         self.adaptive.hot_plns.fetch_add(new.hot_plns as u64, Ordering::Relaxed);
         self.index.store(Arc::new(new));
         self.stats.rebuilds.fetch_add(1, Ordering::Relaxed);

@@ -331,7 +331,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
         self.writable_tree()?;
         loop {
             let guard = epoch::pin();
-            let step = self.with_sound_leaf(&guard, key, |leaf| -> Result<OneStep<R>> {
+            let step = self.with_sound_leaf(&guard, key, true, |leaf| -> Result<OneStep<R>> {
                 let lk = leaf.lock.lock();
                 if leaf.dead.load(Ordering::Acquire) {
                     return Ok(OneStep::Again);

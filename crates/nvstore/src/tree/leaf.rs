@@ -224,6 +224,13 @@ pub trait LeafFormat: Send + Sync + 'static {
     #[inline]
     fn prefetch_guess<S: Space>(_s: &S, _guide: u64, _lo: u64, _hi: u64, _kw: u64) {}
 
+    /// Starts fetching, for writing, the line a write or delete of the
+    /// leaf whose guide is `guide` stores to whatever its key (the nv
+    /// leaf's header line, with its deletion bits), so that miss too
+    /// overlaps the one on the handle. A hint, as `prefetch_guess`.
+    #[inline]
+    fn prefetch_head<S: Space>(_s: &S, _guide: u64) {}
+
     /// [`LeafFormat::read_ref`] with the value copied out.
     fn read<S: Space>(s: &S, leaf: &Leaf<Self>, key: &[u8], at: u64) -> Option<Option<Vec<u8>>> {
         Self::read_ref(s, leaf, key, at).map(|v| v.map(|v| v.with(s, <[u8]>::to_vec)))

@@ -316,7 +316,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
         loop {
             let pin = epoch::pin();
             let space = &*self.space;
-            let found = self.with_sound_leaf(&pin, key, |leaf| -> Result<_> {
+            let found = self.with_sound_leaf(&pin, key, false, |leaf| -> Result<_> {
                 self.adaptive.read(&leaf.counters);
                 Ok(L::read_ref(space, leaf, key, at))
             })?;
@@ -331,17 +331,23 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
     /// sound ([`Tree::sound`]). For an 8-byte key the line(s) of the leaf
     /// most likely to hold it are prefetched first
     /// (`LeafFormat::prefetch_guess`), so that miss overlaps the one on
-    /// the leaf's handle; every point operation (read, write, delete)
-    /// routes here. A PLN slot with no guide yet gets one.
+    /// the leaf's handle; a writer (`write`) also starts fetching the
+    /// line it will store to (`LeafFormat::prefetch_head`). Every point
+    /// operation (read, write, delete) routes here. A PLN slot with no
+    /// guide yet gets one.
     #[inline]
     fn with_sound_leaf<R>(
         &self,
         pin: &epoch::Guard,
         key: &[u8],
+        write: bool,
         f: impl FnOnce(&Arc<Leaf<L>>) -> Result<R>,
     ) -> Result<R> {
         let space = &*self.space;
         let guess = |guide, lo, hi, kw| {
+            if write {
+                L::prefetch_head(space, guide);
+            }
             if key.len() == 8 {
                 L::prefetch_guess(space, guide, lo, hi, kw);
             }
@@ -401,7 +407,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
             // The leaf is borrowed from its PLN for the whole write (no
             // reference-count traffic on its handle), and routing happens
             // once: the soundness check rides on the same lookup.
-            let step = self.with_sound_leaf(&guard, key, |leaf| -> Result<Step> {
+            let step = self.with_sound_leaf(&guard, key, true, |leaf| -> Result<Step> {
                 let _lk = leaf.lock.lock();
                 if leaf.dead.load(Ordering::Acquire) {
                     return Ok(Step::Again);
@@ -452,7 +458,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
         loop {
             let guard = epoch::pin();
             let mut low = false;
-            let step = self.with_sound_leaf(&guard, key, |leaf| -> Result<Step> {
+            let step = self.with_sound_leaf(&guard, key, true, |leaf| -> Result<Step> {
                 let _lk = leaf.lock.lock();
                 if leaf.dead.load(Ordering::Acquire) {
                     return Ok(Step::Again);

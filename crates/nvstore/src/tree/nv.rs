@@ -423,10 +423,18 @@ impl LeafFormat for Nv {
     /// word falls between the leaf's bounds.
     fn guide<S: Space>(s: &S, leaf: &Leaf<Nv>) -> u64 {
         let compact = hints(s, leaf).compact;
-        if compact == 0 || compact > GUIDE_COUNT_MAX || leaf.off > GUIDE_OFF_MASK {
+        if compact > GUIDE_COUNT_MAX || leaf.off > GUIDE_OFF_MASK {
             return 1;
         }
+        // Never 0 (unknown): a leaf's offset is past the pool header.
         leaf.off | compact << GUIDE_COUNT_SHIFT
+    }
+
+    #[inline]
+    fn prefetch_head<S: Space>(s: &S, guide: u64) {
+        if guide > 1 {
+            s.prefetch_write(NvLeaf::at(guide & GUIDE_OFF_MASK).count_word());
+        }
     }
 
     /// The compact entries around the one that interpolating `kw` between
@@ -524,6 +532,11 @@ impl LeafFormat for Nv {
 
     fn remove<S: Space>(s: &S, leaf: &Leaf<Nv>, key: &[u8], clock: &Clock) -> Removed {
         let n = leaf.durable.load(Ordering::Relaxed);
+        // The deletion bits share the leaf's header line: fetched for
+        // writing while the lookup runs (from the PLN slot's guide, before
+        // the handle, when it has one), so the store below and its flush
+        // do not wait for the line after it.
+        s.prefetch_write(NvLeaf::at(leaf.off).count_word());
         // A NEGATIVE element is appended only when a positive one exists (§4.3).
         let Lookup::Present(i) = Self::lookup(s, leaf, n, key) else {
             return Removed::Done {

@@ -9,15 +9,21 @@ use nvstore::{Adaptive, Db, Options};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-#[test]
-fn random_inserts_keep_plns_small() {
+/// A 16 MiB simulated pool of 256-byte leaves, adaptivity off: many
+/// leaves from few keys.
+fn small_leaves(name: &str) -> Db<SimSpace> {
     let opts = Options {
         node_size: 256,
         size: 16 << 20,
         adaptive: Adaptive::Off,
         ..Options::default()
     };
-    let db = Db::create_in(SimSpace::new(16 << 20), "index".as_ref(), &opts).unwrap();
+    Db::create_in(SimSpace::new(16 << 20), name.as_ref(), &opts).unwrap()
+}
+
+#[test]
+fn random_inserts_keep_plns_small() {
+    let db = small_leaves("index");
     let mut m = BTreeMap::new();
     let mut rng = StdRng::seed_from_u64(7);
     let mut most = 0.0f64;
@@ -80,13 +86,7 @@ fn slots_keep_their_guides_across_splits_and_rebuilds() {
     // A guide (where a lookup's entry probably lies) is learned by the
     // first lookup of a leaf through its PLN slot; a split copies the PLN
     // and a rebuild lays out new ones, and both must carry it over.
-    let opts = Options {
-        node_size: 256,
-        size: 16 << 20,
-        adaptive: Adaptive::Off,
-        ..Options::default()
-    };
-    let db = Db::create_in(SimSpace::new(16 << 20), "guides".as_ref(), &opts).unwrap();
+    let db = small_leaves("guides");
     let mut rng = StdRng::seed_from_u64(11);
     let mut keys = Vec::new();
     let mut put = |keys: &mut Vec<u64>, n: usize| {

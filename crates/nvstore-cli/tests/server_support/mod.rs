@@ -28,6 +28,9 @@ pub struct Server {
     pub port: u16,
     pub pool: PathBuf,
     pub log: Arc<Mutex<String>>,
+    /// Set by the stderr reader once it has read to the end (the server
+    /// exited): only then does `log` hold every line.
+    pub log_done: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Server {
@@ -56,12 +59,15 @@ impl Server {
         let log = Arc::new(Mutex::new(String::new()));
         let (tx, rx) = mpsc::channel();
         let log2 = log.clone();
+        let log_done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let done2 = log_done.clone();
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines() {
                 let Ok(line) = line else { break };
                 log2.lock().unwrap().push_str(&format!("{line}\n"));
                 let _ = tx.send(line);
             }
+            done2.store(true, std::sync::atomic::Ordering::SeqCst);
         });
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
@@ -75,6 +81,7 @@ impl Server {
                             port,
                             pool: pool.to_path_buf(),
                             log,
+                            log_done,
                         };
                     }
                 }
@@ -104,10 +111,16 @@ impl Server {
         self.wait()
     }
 
+    /// Waits for the exit and for the stderr reader to pass on every line
+    /// (the exit can be seen before the last lines are read).
     pub fn wait(&mut self) -> std::process::ExitStatus {
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             if let Some(st) = self.child.try_wait().unwrap() {
+                while !self.log_done.load(std::sync::atomic::Ordering::SeqCst) {
+                    assert!(Instant::now() < deadline, "stderr stayed open after the exit");
+                    std::thread::sleep(Duration::from_millis(5));
+                }
                 return st;
             }
             assert!(Instant::now() < deadline, "server did not exit; log:\n{}", self.log());

@@ -28,9 +28,9 @@ pub struct Server {
     pub port: u16,
     pub pool: PathBuf,
     pub log: Arc<Mutex<String>>,
-    /// Set by the stderr reader once it has read to the end (the server
-    /// exited): only then does `log` hold every line.
-    pub log_done: Arc<std::sync::atomic::AtomicBool>,
+    /// The stderr reader: once it has finished (read to the end, the
+    /// server exited), `log` holds every line.
+    reader: std::thread::JoinHandle<()>,
 }
 
 impl Server {
@@ -59,15 +59,12 @@ impl Server {
         let log = Arc::new(Mutex::new(String::new()));
         let (tx, rx) = mpsc::channel();
         let log2 = log.clone();
-        let log_done = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let done2 = log_done.clone();
-        std::thread::spawn(move || {
+        let reader = std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines() {
                 let Ok(line) = line else { break };
                 log2.lock().unwrap().push_str(&format!("{line}\n"));
                 let _ = tx.send(line);
             }
-            done2.store(true, std::sync::atomic::Ordering::SeqCst);
         });
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
@@ -81,7 +78,7 @@ impl Server {
                             port,
                             pool: pool.to_path_buf(),
                             log,
-                            log_done,
+                            reader,
                         };
                     }
                 }
@@ -117,7 +114,7 @@ impl Server {
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             if let Some(st) = self.child.try_wait().unwrap() {
-                while !self.log_done.load(std::sync::atomic::Ordering::SeqCst) {
+                while !self.reader.is_finished() {
                     assert!(Instant::now() < deadline, "stderr stayed open after the exit");
                     std::thread::sleep(Duration::from_millis(5));
                 }

@@ -205,8 +205,8 @@ enum Node<V> {
 /// leaf's `len` publishes it, then only read. A plain cell rather than a
 /// `OnceLock`: the writer lock and the `len` store already order the set
 /// before every read, and `OnceLock::set` spent a locked compare-exchange
-/// and a check of its state line on each append (about a tenth of an
-/// insert's time in the index's own benchmark).
+/// and a check of its state line on each append (BENCHMARKS.md, "The
+/// ordered index on a machine with a small L2").
 struct TailSlot<T>(UnsafeCell<Option<T>>);
 
 // SAFETY: a slot is written only through `TailSlot::set`, whose callers

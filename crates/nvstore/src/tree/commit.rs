@@ -182,7 +182,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
                         leaf.durable.store(n + elems.len() as u64, Ordering::Release);
                         self.adaptive
                             .wrote(&leaf.counters, elems.len() as u64, keys.len() as u64);
-                        self.keys.fetch_add(p.delta, Ordering::Relaxed);
+                        self.keys.add(p.delta);
                         let ts = w.ts;
                         drop(w);
                         drop(lk);
@@ -276,7 +276,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
                 let before = leaf.durable.swap(n, Ordering::Release);
                 self.adaptive.wrote(&leaf.counters, n - before, lookups);
             }
-            self.keys.fetch_add(delta, Ordering::Relaxed);
+            self.keys.add(delta);
             let ts = w.ts;
             drop(w);
             drop(locks);
@@ -358,7 +358,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
                             Removed::Done { existed, freed } => {
                                 debug_assert!(existed && freed.is_none(), "a versioned leaf frees no blob on delete");
                                 self.adaptive.wrote(&leaf.counters, 1, 1);
-                                self.keys.fetch_sub(1, Ordering::Relaxed);
+                                self.keys.add(-1);
                                 drop(lk);
                                 OneStep::Done(r, true)
                             }
@@ -390,7 +390,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
                 leaf.durable.store(n + 1, Ordering::Release);
                 self.adaptive.wrote(&leaf.counters, 1, 1);
                 if old.is_none() {
-                    self.keys.fetch_add(1, Ordering::Relaxed);
+                    self.keys.add(1);
                 }
                 drop(w);
                 drop(lk);

@@ -25,10 +25,11 @@ pub mod mvcc;
 pub mod nv;
 pub mod split;
 pub mod swap;
+pub mod sync;
 
 use std::marker::PhantomData;
 use std::ops::Bound as RB;
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crossbeam_epoch as epoch;
@@ -80,7 +81,8 @@ pub struct LeafRef<St> {
     pub verdict: std::sync::OnceLock<Option<Damage>>,
     /// Set once the leaf has been replaced; writers that find it retry.
     pub dead: AtomicBool,
-    pub lock: Mutex<()>,
+    /// Held by a writer of the leaf (see [`sync`]).
+    pub lock: sync::LeafLock,
     /// Workload profile of this leaf (NV-Tree Table 2), DRAM only.
     pub counters: LeafCounters,
 }
@@ -101,7 +103,7 @@ impl<St: Default> LeafRef<St> {
             state: St::default(),
             verdict: std::sync::OnceLock::new(),
             dead: AtomicBool::new(false),
-            lock: Mutex::new(()),
+            lock: sync::LeafLock::new(),
             checked: AtomicBool::new(false),
             counters: LeafCounters::default(),
         }
@@ -155,7 +157,7 @@ pub struct Tree<S: Space, L: LeafFormat> {
     commit_lock: Mutex<()>,
     pub clock: Clock,
     pub node_size: u64,
-    pub keys: AtomicI64,
+    pub keys: sync::KeyCount,
     pub stats: TreeStats,
     /// Test hook run after a split has published its new leaves and released
     /// its locks, before the splitting operation goes on (crash tests use it
@@ -193,7 +195,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
             commit_lock: Mutex::new(()),
             clock: Clock::new(last_ts),
             node_size,
-            keys: AtomicI64::new(keys as i64),
+            keys: sync::KeyCount::new(keys as i64),
             stats: TreeStats::default(),
             split_hook: Mutex::new(None),
             adaptive: Profile::new(leaves, L::SEARCH_LINE_SHARE),
@@ -284,7 +286,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
     }
 
     pub fn len(&self) -> u64 {
-        self.keys.load(Ordering::Relaxed).max(0) as u64
+        self.keys.get().max(0) as u64
     }
 
     pub fn is_empty(&self) -> bool {
@@ -441,7 +443,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
                 }
                 Step::Done { changed, freed } => {
                     if changed {
-                        self.keys.fetch_add(1, Ordering::Relaxed);
+                        self.keys.add(1);
                     }
                     self.retire_blob(freed, &guard);
                     self.space.op_boundary();
@@ -490,7 +492,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
                     freed,
                 } => {
                     if existed {
-                        self.keys.fetch_sub(1, Ordering::Relaxed);
+                        self.keys.add(-1);
                     }
                     self.retire_blob(freed, &guard);
                     drop(guard);

@@ -98,7 +98,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
         site: Site<'_, L::State>,
         mut valid: Vec<Slot>,
         mut dropped_blobs: Vec<u64>,
-        lk: parking_lot::MutexGuard<'_, ()>,
+        lk: super::sync::LeafGuard<'_>,
     ) -> Result<bool> {
         let Site {
             idx,
@@ -111,7 +111,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
         } = site;
         let leaf = &f.leaf;
         let old_next = L::next(&*self.space, leaf.off);
-        let mut merged: Option<(Entry<L::State>, parking_lot::MutexGuard<'_, ()>)> = None;
+        let mut merged: Option<(Entry<L::State>, super::sync::LeafGuard<'_>)> = None;
         let mut new_entries: Vec<(Bound, u64, Vec<Slot>)> = Vec::new();
         let mut to_free = vec![leaf.off];
         let need = match goal {

@@ -3,12 +3,12 @@
 //! Each thread owns one cache-line-padded pair of atomics that only it
 //! increments, with a plain load and store ([`bump`]); [`Counters::sum`]
 //! adds up every thread's pair on demand. Counters are process-wide: a
-//! benchmark or `stat` takes differences between two sums.
+//! benchmark or `stat` takes differences between two sums. The per-thread
+//! slots are the `thread_local` crate's, as the tree's key count's are
+//! (`tree::sync::KeyCount`).
 
-use parking_lot::Mutex;
-use std::cell::OnceCell;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use thread_local::ThreadLocal;
 
 #[derive(Default)]
 #[repr(align(64))]
@@ -17,22 +17,13 @@ struct Slot {
     fences: AtomicU64,
 }
 
-static REGISTRY: Mutex<Vec<Arc<Slot>>> = Mutex::new(Vec::new());
-
-thread_local! {
-    static MINE: OnceCell<Arc<Slot>> = const { OnceCell::new() };
-}
+/// One slot per thread (a new thread may inherit an exited one's slot,
+/// counts and all: sums stay whole, and differences stay right).
+static SLOTS: ThreadLocal<Slot> = ThreadLocal::new();
 
 #[inline]
 fn with_slot<R>(f: impl FnOnce(&Slot) -> R) -> R {
-    MINE.with(|c| {
-        let slot = c.get_or_init(|| {
-            let s = Arc::new(Slot::default());
-            REGISTRY.lock().push(s.clone());
-            s
-        });
-        f(slot)
-    })
+    f(SLOTS.get_or_default())
 }
 
 /// Counts `lines` flushed cache lines for the calling thread.
@@ -67,9 +58,8 @@ pub struct Counters {
 impl Counters {
     /// Sum over every thread that ever flushed or fenced.
     pub fn sum() -> Counters {
-        let reg = REGISTRY.lock();
         let mut c = Counters::default();
-        for s in reg.iter() {
+        for s in SLOTS.iter() {
             c.flushes += s.flushes.load(Ordering::Relaxed);
             c.fences += s.fences.load(Ordering::Relaxed);
         }

@@ -380,11 +380,22 @@ pub(super) fn read_stable<T>(seq: &AtomicU64, mut f: impl FnMut() -> T) -> T {
 }
 
 /// Writer side of [`read_stable`]: the sequence word is odd while `f` runs.
+///
+/// The caller holds the leaf's lock, so it is the word's only writer, and
+/// both changes are a load and a store, not a locked read-modify-write: on
+/// x86 a locked instruction right after `f`'s fence waits until the line
+/// just flushed has been written back (see `tree/sync.rs`). The release
+/// fence orders the odd store before `f`'s stores, as the seqlock writer
+/// of Boehm's "Can seqlocks get along with programming language memory
+/// models?" does; the even store releases them.
 #[inline]
 pub(super) fn write_visible<T>(seq: &AtomicU64, f: impl FnOnce() -> T) -> T {
-    seq.fetch_add(1, Ordering::AcqRel);
+    let s0 = seq.load(Ordering::Relaxed);
+    debug_assert!(s0 & 1 == 0, "two writers of one leaf's sequence word");
+    seq.store(s0 + 1, Ordering::Relaxed);
+    fence(Ordering::Release);
     let r = f();
-    seq.fetch_add(1, Ordering::Release);
+    seq.store(s0 + 2, Ordering::Release);
     r
 }
 
@@ -397,4 +408,47 @@ pub(super) fn store_in_place<S: Space>(s: &S, seq: &AtomicU64, at: u64, word: u6
         s.flush(at, 8, flush);
         s.fence(fence);
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+    use super::{read_stable, write_visible};
+
+    /// A writer changes two words together under [`write_visible`]; readers
+    /// under [`read_stable`] must never return them apart, nor see the
+    /// sequence word odd once the writer is done.
+    #[test]
+    fn readers_never_see_a_change_half_made() {
+        let seq = AtomicU64::new(0);
+        let (a, b) = (AtomicU64::new(0), AtomicU64::new(0));
+        let done = AtomicBool::new(false);
+        const WRITES: u64 = 20_000;
+        std::thread::scope(|sc| {
+            for _ in 0..2 {
+                sc.spawn(|| {
+                    let mut seen = 0;
+                    while !done.load(Ordering::Acquire) {
+                        let (x, y) = read_stable(&seq, || (a.load(Ordering::Relaxed), b.load(Ordering::Relaxed)));
+                        assert_eq!(x, y, "a reader saw a change half made");
+                        assert!(x >= seen, "a reader went back in time: {x} after {seen}");
+                        seen = x;
+                    }
+                });
+            }
+            sc.spawn(|| {
+                for i in 1..=WRITES {
+                    write_visible(&seq, || {
+                        a.store(i, Ordering::Relaxed);
+                        std::hint::spin_loop();
+                        b.store(i, Ordering::Relaxed);
+                    });
+                }
+                done.store(true, Ordering::Release);
+            });
+        });
+        assert_eq!(seq.load(Ordering::Relaxed), 2 * WRITES);
+        assert_eq!((a.into_inner(), b.into_inner()), (WRITES, WRITES));
+    }
 }

@@ -585,6 +585,15 @@ impl<V: Clone + Send + Sync + 'static> Index<V> {
         }
     }
 
+    /// Changes the entry count by `d`. Only the writer calls this, under
+    /// the writer lock, so a load and a release store do: no locked add
+    /// (as a leaf's `len` when it appends).
+    #[inline]
+    fn count(&self, d: i64) {
+        let n = self.len.load(Ordering::Relaxed);
+        self.len.store(n.wrapping_add_signed(d), Ordering::Release);
+    }
+
     /// Most entries `node` may hold.
     fn max(&self, node: &Node<V>) -> usize {
         match node {
@@ -672,7 +681,7 @@ impl<V: Clone + Send + Sync + 'static> Index<V> {
             let cur = self.root.load();
             if let Some(leaf) = self.room_for(&cur, key, new) {
                 leaf.append(key.key(), val);
-                self.len.fetch_add(1, Ordering::AcqRel);
+                self.count(1);
                 return None;
             }
         }
@@ -689,7 +698,7 @@ impl<V: Clone + Send + Sync + 'static> Index<V> {
         let old = self.insert_in(&mut root, key, val, new);
         self.root.store(Arc::new(root));
         if old.is_none() {
-            self.len.fetch_add(1, Ordering::AcqRel);
+            self.count(1);
         }
         old
     }
@@ -792,7 +801,7 @@ impl<V: Clone + Send + Sync + 'static> Index<V> {
             let i = leaf.find(key)?;
             let old = leaf.entry(i).1.clone();
             leaf.kill(i);
-            self.len.fetch_sub(1, Ordering::AcqRel);
+            self.count(-1);
             return Some(old);
         }
         // Absent: nothing is copied or published.
@@ -809,7 +818,7 @@ impl<V: Clone + Send + Sync + 'static> Index<V> {
             root = (*kids[0]).clone();
         }
         self.root.store(Arc::new(root));
-        self.len.fetch_sub(1, Ordering::AcqRel);
+        self.count(-1);
         Some(old)
     }
 

@@ -383,7 +383,12 @@ impl<V: Clone> Leaf<V> {
         }
         let key = |i: usize| &self.entry(i).0;
         let mut tail: Vec<(u64, usize)> = (self.sorted..n).filter(live).map(|i| (self.tail_head(i), i)).collect();
-        tail.sort_unstable_by(|a, b| a.0.cmp(&b.0).then_with(|| key(a.1).cmp(key(b.1))));
+        // By head alone (a sort of plain numbers), then each run of equal
+        // heads (keys that share their first 8 bytes) by key.
+        tail.sort_unstable_by_key(|&(h, _)| h);
+        for run in tail.chunk_by_mut(|a, b| a.0 == b.0).filter(|r| r.len() > 1) {
+            run.sort_unstable_by(|a, b| key(a.1).cmp(key(b.1)));
+        }
         let mut out = Vec::with_capacity(n);
         let mut t = tail.iter().peekable();
         for i in (0..self.sorted).filter(live) {
@@ -472,12 +477,22 @@ impl<V: Clone> Clone for Node<V> {
     fn clone(&self) -> Self {
         match self {
             Node::Leaf(leaf) => Node::Leaf(Leaf::new(leaf.cap(), leaf.entries())),
+            // With room for one more separator and child: a copy on a
+            // writer's path is made to take a split's (growing a vector
+            // of exactly its length reallocated and copied it).
             Node::Inner { keys, kids } => Node::Inner {
-                keys: keys.clone(),
-                kids: kids.clone(),
+                keys: with_spare(keys),
+                kids: with_spare(kids),
             },
         }
     }
+}
+
+/// A copy of `v` with room for one more element.
+fn with_spare<T: Clone>(v: &[T]) -> Vec<T> {
+    let mut c = Vec::with_capacity(v.len() + 1);
+    c.extend_from_slice(v);
+    c
 }
 
 impl<V: Clone> Node<V> {
@@ -530,31 +545,38 @@ fn child(keys: &[Key], key: &Probe<'_>) -> usize {
     keys.partition_point(|s| s.cmp_probe(key).is_le())
 }
 
-/// The index's writer lock, held ([`Index::writer`]).
+/// The index's writer lock, held ([`Index::writer`]), and with it the
+/// writer's own handle on the root.
 pub struct Writer<'a, V> {
     index: &'a Index<V>,
-    _lock: parking_lot::MutexGuard<'a, ()>,
+    root: parking_lot::MutexGuard<'a, Arc<Node<V>>>,
 }
 
 impl<V: Clone + Send + Sync + 'static> Writer<'_, V> {
     /// Inserts a key the caller knows is absent (the engine inserts only
     /// keys its table reports as new): the leaf is not searched for it
     /// first. A key already present would be listed twice.
-    pub fn insert_new(&self, key: &[u8], val: V) {
+    pub fn insert_new(&mut self, key: &[u8], val: V) {
         let key = &Probe::new(key);
         debug_assert!(
-            !self.index.contains(&self.index.root.load(), key),
+            !self.index.contains(&self.root, key),
             "insert_new of a key the index holds"
         );
-        let old = self.index.insert_locked(key, val, true);
+        let old = self.index.insert_locked(&mut self.root, key, val, true);
         debug_assert!(old.is_none());
     }
 }
 
 /// A concurrent ordered map from byte keys to `V`.
 pub struct Index<V> {
+    /// The root, as readers load it.
     root: ArcSwap<Node<V>>,
-    writer: Mutex<()>,
+    /// The writer lock. It guards the writer's own handle on the root,
+    /// always the same node as `root`'s: only the writer replaces the
+    /// root, so while it holds this lock the root it holds here cannot go
+    /// away, and it reads it without `root`'s load, which takes and gives
+    /// back a reader's slot with a locked instruction each.
+    writer: Mutex<Arc<Node<V>>>,
     /// Most children of an inner node.
     order: usize,
     /// Most entries of a leaf.
@@ -576,9 +598,10 @@ impl<V: Clone + Send + Sync + 'static> Index<V> {
             order >= 4 && leaf >= 4,
             "a B+-tree node needs room for at least 4 entries"
         );
+        let root = Arc::new(Node::Leaf(Leaf::new(leaf, Vec::new())));
         Index {
-            root: ArcSwap::from_pointee(Node::Leaf(Leaf::new(leaf, Vec::new()))),
-            writer: Mutex::new(()),
+            root: ArcSwap::new(root.clone()),
+            writer: Mutex::new(root),
             order,
             leaf,
             len: AtomicU64::new(0),
@@ -655,48 +678,49 @@ impl<V: Clone + Send + Sync + 'static> Index<V> {
 
     /// The writer lock, held: inserts and removals through the returned
     /// [`Writer`] wait for no one else. A caller that must order its index
-    /// change after its own change elsewhere takes this before it lets go
-    /// of its own lock (the engine does, so the next write of the table
-    /// runs beside this one's index change, see `HashEngine::put`).
+    /// changes with its own changes elsewhere takes this under its own
+    /// lock (the engine does, see `HashEngine::index_writer`).
     pub fn writer(&self) -> Writer<'_, V> {
         Writer {
             index: self,
-            _lock: self.writer.lock(),
+            root: self.writer.lock(),
         }
     }
 
     #[cfg(test)]
     fn insert_with(&self, key: &Probe<'_>, val: V, new: bool) -> Option<V> {
-        let _w = self.writer.lock();
-        self.insert_locked(key, val, new)
+        self.insert_locked(&mut self.writer.lock(), key, val, new)
     }
 
-    /// [`Index::insert_with`] under the writer lock, which the caller holds.
-    fn insert_locked(&self, key: &Probe<'_>, val: V, new: bool) -> Option<V> {
+    /// Makes `new` the root: readers load it from `root`, and the writer's
+    /// handle `held` (under the writer lock) names it too.
+    fn publish(&self, held: &mut Arc<Node<V>>, new: Node<V>) {
+        let new = Arc::new(new);
+        self.root.store(new.clone());
+        *held = new;
+    }
+
+    /// [`Index::insert_with`] under the writer lock, which the caller
+    /// holds, with `held` its handle on the root.
+    fn insert_locked(&self, held: &mut Arc<Node<V>>, key: &Probe<'_>, val: V, new: bool) -> Option<V> {
         // The common case: a new key whose path needs no split goes into
-        // its leaf in place; nothing is copied or published. (Only this
-        // writer replaces the root, so a guard suffices: no reference
-        // count is taken.)
-        {
-            let cur = self.root.load();
-            if let Some(leaf) = self.room_for(&cur, key, new) {
-                leaf.append(key.key(), val);
-                self.count(1);
-                return None;
-            }
+        // its leaf in place; nothing is copied or published.
+        if let Some(leaf) = self.room_for(held, key, new) {
+            leaf.append(key.key(), val);
+            self.count(1);
+            return None;
         }
-        let cur = self.root.load_full();
-        let mut root = if cur.size() >= self.max(&cur) {
-            let (left, sep, right) = cur.split();
+        let mut root = if held.size() >= self.max(held) {
+            let (left, sep, right) = held.split();
             Node::Inner {
                 keys: vec![sep],
                 kids: vec![Arc::new(left), Arc::new(right)],
             }
         } else {
-            (*cur).clone()
+            (**held).clone()
         };
         let old = self.insert_in(&mut root, key, val, new);
-        self.root.store(Arc::new(root));
+        self.publish(held, root);
         if old.is_none() {
             self.count(1);
         }
@@ -786,18 +810,18 @@ impl<V: Clone + Send + Sync + 'static> Index<V> {
 
     /// Removes `key`; returns its value.
     pub fn remove(&self, key: &[u8]) -> Option<V> {
-        let _w = self.writer.lock();
-        self.remove_locked(key)
+        self.remove_locked(&mut self.writer.lock(), key)
     }
 
-    /// [`Index::remove`] under the writer lock, which the caller holds.
-    fn remove_locked(&self, key: &[u8]) -> Option<V> {
+    /// [`Index::remove`] under the writer lock, which the caller holds,
+    /// with `held` its handle on the root.
+    fn remove_locked(&self, held: &mut Arc<Node<V>>, key: &[u8]) -> Option<V> {
         let key = &Probe::new(key);
-        let cur = self.root.load_full();
+        let cur: &Node<V> = held;
         // Every node below the root on the path above its minimum: nothing
         // to rebalance, so the entry is marked dead in place (or is absent);
         // nothing is copied or published.
-        if let Some(leaf) = self.above_minimum(&cur, key) {
+        if let Some(leaf) = self.above_minimum(cur, key) {
             let i = leaf.find(key)?;
             let old = leaf.entry(i).1.clone();
             leaf.kill(i);
@@ -805,7 +829,7 @@ impl<V: Clone + Send + Sync + 'static> Index<V> {
             return Some(old);
         }
         // Absent: nothing is copied or published.
-        if !self.contains(&cur, key) {
+        if !self.contains(cur, key) {
             return None;
         }
         let mut root = (*cur).clone();
@@ -817,7 +841,7 @@ impl<V: Clone + Send + Sync + 'static> Index<V> {
             }
             root = (*kids[0]).clone();
         }
-        self.root.store(Arc::new(root));
+        self.publish(held, root);
         self.count(-1);
         Some(old)
     }
@@ -985,7 +1009,7 @@ impl<V: Clone + Send + Sync + 'static> Index<V> {
     /// Every node but the root holds between `order / 2` and `order`
     /// entries, as inserts and removes keep them.
     pub fn from_sorted(order: usize, leaf: usize, entries: impl IntoIterator<Item = (Vec<u8>, V)>) -> Index<V> {
-        let index = Index::with_leaves(order, leaf);
+        let mut index = Index::with_leaves(order, leaf);
         let entries: Vec<(Key, V)> = entries.into_iter().map(|(k, v)| (Key::new(&k), v)).collect();
         debug_assert!(
             entries.windows(2).all(|w| w[0].0 < w[1].0),
@@ -1030,7 +1054,8 @@ impl<V: Clone + Send + Sync + 'static> Index<V> {
             level = up;
         }
         let (_, root) = level.pop().expect("one root");
-        index.root.store(root);
+        index.root.store(root.clone());
+        *index.writer.get_mut() = root;
         index.len.store(n as u64, Ordering::Release);
         index
     }

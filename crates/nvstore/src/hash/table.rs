@@ -323,7 +323,7 @@ impl<S: Space> HashTable<S> {
     /// is new (it had no entry).
     pub fn put(&self, key: &[u8], value: &[u8]) -> Result<bool> {
         let blob = self.write_blob(key, value, p::BLOB_FLUSH)?;
-        self.put_blob(l::hash(key), key, value, blob)
+        self.put_blob(l::hash(key), key, value, blob, |_| {})
     }
 
     /// Starts fetching the lines a put of a key with table hash `h` reads
@@ -396,9 +396,14 @@ impl<S: Space> HashTable<S> {
     /// [`HashTable::put`] of a pair whose blob [`HashTable::write_blob`]
     /// has written, `h` being the key's table hash ([`l::hash`], which the
     /// caller has computed for the prefetch). On an error the blob is freed.
-    pub fn put_blob(&self, h: u64, key: &[u8], value: &[u8], blob: Blob) -> Result<bool> {
+    ///
+    /// If the key is new, `on_new(key)` runs once its slot is written and
+    /// the slot's flush issued, before the fence that orders the flush:
+    /// the caller's DRAM work (the engine's index insert) then runs while
+    /// the line is written back. Nothing after it can fail.
+    pub fn put_blob(&self, h: u64, key: &[u8], value: &[u8], blob: Blob, on_new: impl FnMut(&[u8])) -> Result<bool> {
         let mut st = self.state.write();
-        let r = self.put_locked(&mut st, h, key, value, blob, true);
+        let r = self.put_locked(&mut st, h, key, value, blob, true, on_new);
         if r.is_err() {
             self.discard(blob);
         }
@@ -415,7 +420,17 @@ impl<S: Space> HashTable<S> {
     /// [`HashTable::put`] with the writer lock held; marks the operation's
     /// end for the crash simulator when `boundary` (a put inside a group
     /// leaves that to the group).
-    fn put_locked(&self, st: &mut State, h: u64, key: &[u8], value: &[u8], blob: Blob, boundary: bool) -> Result<bool> {
+    #[allow(clippy::too_many_arguments, reason = "one put's parameters, all distinct")]
+    fn put_locked(
+        &self,
+        st: &mut State,
+        h: u64,
+        key: &[u8],
+        value: &[u8],
+        blob: Blob,
+        boundary: bool,
+        mut on_new: impl FnMut(&[u8]),
+    ) -> Result<bool> {
         loop {
             let found = self.find_all(st, h, key);
             let seg = l::entry_seg(st.entry(h));
@@ -430,7 +445,11 @@ impl<S: Space> HashTable<S> {
                 continue;
             };
             let so = self.write_slot(st, b, i, key, value, blob)?;
-            self.space.persist(so, l::SLOT_BYTES, p::SLOT_FLUSH, p::SLOT_FENCE);
+            self.space.flush(so, l::SLOT_BYTES, p::SLOT_FLUSH);
+            if found.is_empty() {
+                on_new(key);
+            }
+            self.space.fence(p::SLOT_FENCE);
             let mut new_hdr = hdr.with(i, l::fingerprint(h));
             for f in found.iter().filter(|f| f.bucket == b) {
                 new_hdr = new_hdr.without(f.slot);
@@ -454,7 +473,7 @@ impl<S: Space> HashTable<S> {
     /// tests' shorthand; the engine takes its writer lock in between).
     #[cfg(test)]
     pub fn put_group(&self, items: &[(&[u8], &[u8])]) -> Vec<Result<bool>> {
-        self.put_group_blobs(items, self.write_blobs(items))
+        self.put_group_blobs(items, self.write_blobs(items), |_| {})
     }
 
     /// The blobs of a group's puts ([`HashTable::write_blob`] of each), to
@@ -496,9 +515,17 @@ impl<S: Space> HashTable<S> {
     ///
     /// Returns one result per pair, in order: whether the key was new, or
     /// why that put failed (it published nothing and its blob is freed;
-    /// the others are not affected). The crash simulator sees one operation boundary, after
+    /// the others are not affected). `on_new` runs for each key the group
+    /// adds, as in [`HashTable::put_blob`]: after that put's slot is
+    /// written and flushed, before the fence that orders the flush; a put
+    /// it ran for does not fail. The crash simulator sees one operation boundary, after
     /// the whole group.
-    pub fn put_group_blobs(&self, items: &[(&[u8], &[u8])], blobs: Vec<Result<Blob>>) -> Vec<Result<bool>> {
+    pub fn put_group_blobs(
+        &self,
+        items: &[(&[u8], &[u8])],
+        blobs: Vec<Result<Blob>>,
+        mut on_new: impl FnMut(&[u8]),
+    ) -> Vec<Result<bool>> {
         let mut out = Vec::with_capacity(items.len());
         let mut st = self.state.write();
         let mut g = Group::default();
@@ -513,11 +540,11 @@ impl<S: Space> HashTable<S> {
                     continue;
                 }
             };
-            let r = match self.stage(&mut st, &mut g, key, value, blob) {
+            let r = match self.stage(&mut st, &mut g, key, value, blob, &mut on_new) {
                 Ok(Some(new)) => Ok(new),
                 Ok(None) => {
                     self.commit(&mut st, &mut g);
-                    self.put_locked(&mut st, l::hash(key), key, value, blob, false)
+                    self.put_locked(&mut st, l::hash(key), key, value, blob, false, &mut on_new)
                 }
                 Err(e) => Err(e),
             };
@@ -541,6 +568,7 @@ impl<S: Space> HashTable<S> {
         key: &'k [u8],
         value: &[u8],
         blob: Blob,
+        on_new: impl FnOnce(&[u8]),
     ) -> Result<Option<bool>> {
         let h = l::hash(key);
         if g.keys.iter().any(|&(kh, k)| kh == h && k == key) {
@@ -568,6 +596,9 @@ impl<S: Space> HashTable<S> {
         }
         let so = self.write_slot(st, b, i, key, value, blob)?;
         self.space.flush(so, l::SLOT_BYTES, p::GROUP_SLOT_FLUSH);
+        if found.is_empty() {
+            on_new(key);
+        }
         let mut new_hdr = hdr.with(i, l::fingerprint(h));
         for f in &found {
             new_hdr = new_hdr.without(f.slot);

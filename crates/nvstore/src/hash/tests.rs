@@ -576,6 +576,59 @@ fn a_group_is_two_fences_and_keeps_its_promises() {
     assert!(leaks(&*space, &alloc, &t).is_empty());
 }
 
+/// The table hands each key it adds to its caller (the engine inserts it
+/// into the ordered index there) after the key's slot is written and its
+/// flush issued, and before the fence that orders that flush: alone and
+/// in a group, once per new key, never for an update.
+#[test]
+fn new_keys_are_handed_over_between_their_slot_flush_and_its_fence() {
+    let (space, alloc) = pool();
+    let t = HashTable::create(space, alloc, ROOT).unwrap();
+    let now = || {
+        let c = crate::pmem::counters::ThreadCounters::get();
+        (c.flushes, c.fences)
+    };
+    let keys: Vec<Vec<u8>> = (0..4).map(|i| format!("handed-over-{i}").into_bytes()).collect();
+    let mut seen: Vec<(Vec<u8>, (u64, u64))> = Vec::new();
+    // Alone: a new key, then an update of it.
+    for (round, new) in [(0, true), (1, false)] {
+        let k = &keys[0];
+        let blob = t.write_blob(k, b"v", points::BLOB_FLUSH).unwrap();
+        let (flushes, fences) = now();
+        let r = t.put_blob(l::hash(k), k, b"v", blob, |key| seen.push((key.to_vec(), now())));
+        assert_eq!(r.unwrap(), new, "round {round}");
+        let handed = std::mem::take(&mut seen);
+        if !new {
+            assert!(handed.is_empty(), "an update was handed over: {handed:?}");
+            continue;
+        }
+        assert_eq!(handed.len(), 1);
+        let (key, (f, n)) = &handed[0];
+        assert_eq!(key, k);
+        assert!(*f > flushes, "handed over before the slot's flush");
+        assert_eq!(*n, fences, "handed over after a fence");
+        assert_eq!(now().1 - fences, 2, "the slot's fence and the header's");
+    }
+    // A group: three new keys and an update of the first one's.
+    let pairs: Vec<(&[u8], &[u8])> = keys.iter().map(|k| (&k[..], &b"w"[..])).collect();
+    let blobs = t.write_blobs(&pairs);
+    let (flushes, fences) = now();
+    let r = t.put_group_blobs(&pairs, blobs, |key| seen.push((key.to_vec(), now())));
+    assert_eq!(
+        r.into_iter().map(Result::unwrap).collect::<Vec<_>>(),
+        [false, true, true, true]
+    );
+    assert_eq!(
+        seen.iter().map(|(k, _)| k).collect::<Vec<_>>(),
+        keys[1..].iter().collect::<Vec<_>>()
+    );
+    for (i, (_, (f, n))) in seen.iter().enumerate() {
+        assert!(*f > flushes + i as u64, "key {i} handed over before its slot's flush");
+        assert_eq!(*n, fences, "key {i} handed over after the group's fence");
+    }
+    assert_eq!(now().1 - fences, 2, "one group: two fences");
+}
+
 /// A long run of pairs is published in groups of at most `GROUP_MAX`
 /// puts (each group's keys and headers are short lists, searched in full
 /// for every put), two fences per group.

@@ -681,10 +681,12 @@ impl<V: Clone + Send + Sync + 'static> Index<V> {
     /// changes with its own changes elsewhere takes this under its own
     /// lock (the engine does, see `HashEngine::index_writer`).
     pub fn writer(&self) -> Writer<'_, V> {
-        Writer {
-            index: self,
-            root: self.writer.lock(),
-        }
+        let root = self.writer.lock();
+        debug_assert!(
+            Arc::ptr_eq(&root, &self.root.load()),
+            "the writer's root is the readers' root"
+        );
+        Writer { index: self, root }
     }
 
     #[cfg(test)]

@@ -198,7 +198,7 @@ impl<S: Space> HashEngine<S> {
     /// That fence waits for the flushed line to reach memory; the index's
     /// insert (a descent through DRAM nodes, mostly cache misses, and an
     /// append) runs while it does, instead of after the put's last fence.
-    /// It took about a third off what the index adds to a put
+    /// It took about 40% off what the index adds to a put
     /// (BENCHMARKS.md, "The index insert inside the slot's flush").
     ///
     /// - Index changes come in the order of the table changes they follow:

@@ -537,9 +537,15 @@ fn every_dropped_group_point_is_caught() {
     assert!(missed.is_empty(), "dropping these points went unnoticed: {missed:?}");
 }
 
+/// Flushes and fences this thread has issued.
+fn flushes_and_fences() -> (u64, u64) {
+    let c = crate::pmem::counters::ThreadCounters::get();
+    (c.flushes, c.fences)
+}
+
 /// Fences this thread has issued.
 fn fences() -> u64 {
-    crate::pmem::counters::ThreadCounters::get().fences
+    flushes_and_fences().1
 }
 
 /// What a group costs: two fences for the whole group, against two per
@@ -584,10 +590,7 @@ fn a_group_is_two_fences_and_keeps_its_promises() {
 fn new_keys_are_handed_over_between_their_slot_flush_and_its_fence() {
     let (space, alloc) = pool();
     let t = HashTable::create(space, alloc, ROOT).unwrap();
-    let now = || {
-        let c = crate::pmem::counters::ThreadCounters::get();
-        (c.flushes, c.fences)
-    };
+    let now = flushes_and_fences;
     let keys: Vec<Vec<u8>> = (0..4).map(|i| format!("handed-over-{i}").into_bytes()).collect();
     let mut seen: Vec<(Vec<u8>, (u64, u64))> = Vec::new();
     // Alone: a new key, then an update of it.

@@ -22,9 +22,12 @@
 //!   ([`Db::put_many`]): on a hash pool, one fence for all their slots
 //!   and one for all their bucket headers, instead of two per put, under
 //!   one hold of the writer lock. Each put is still atomic on its own and
-//!   durable before its future is ready; requests keep the queue's order
-//!   within a batch (the puts before a get or any other request complete
-//!   before it runs).
+//!   durable before its future is ready.
+//! - Likewise a run of gets in its batch is read together
+//!   ([`Db::get_many`]): on a hash pool their cache misses overlap.
+//! - Requests keep the queue's order within a batch: a run of puts or of
+//!   gets completes before the next request runs, so a get sees the puts
+//!   queued before it and none queued after it.
 //! - A worker that finds the queue empty keeps looking for a short while
 //!   ([`SPIN`], yielding its core meanwhile) before it sleeps, so a caller
 //!   that issues requests at a steady pace rarely has to wake a worker.
@@ -73,16 +76,35 @@ type Job<S> = Arc<dyn Runnable<S>>;
 trait Runnable<S: Space>: Send + Sync {
     fn run(&self, db: Option<&Db<S>>) -> Option<Waker>;
 
-    /// The key and value of a put, which a worker may make durable in one
-    /// group with the other puts it took off the queue ([`Db::put_many`]);
-    /// `None` for every other request.
-    fn pair(&self) -> Option<(&[u8], &[u8])> {
+    /// What a worker may run in one group with its neighbours in the
+    /// queue: a put ([`Db::put_many`]) or a get ([`Db::get_many`]); `None`
+    /// for every other request.
+    fn grouped(&self) -> Option<Grouped<'_>> {
         None
     }
 
     /// Completes a put made durable in a group with `r`, its result.
     fn done(&self, _r: Result<()>) -> Option<Waker> {
         None
+    }
+
+    /// Completes a get read in a group with `r`, its result.
+    fn got(&self, _r: Result<Option<Vec<u8>>>) -> Option<Waker> {
+        None
+    }
+}
+
+/// A request a worker may run together with the requests of the same
+/// kind next to it in the queue.
+#[derive(Clone, Copy)]
+enum Grouped<'a> {
+    Put(&'a [u8], &'a [u8]),
+    Get(&'a [u8]),
+}
+
+impl Grouped<'_> {
+    fn is_put(self) -> bool {
+        matches!(self, Grouped::Put(..))
     }
 }
 
@@ -103,8 +125,8 @@ impl<S: Space> Runnable<S> for PutRequest {
         self.slot.complete(r)
     }
 
-    fn pair(&self) -> Option<(&[u8], &[u8])> {
-        Some((&self.key, &self.value))
+    fn grouped(&self) -> Option<Grouped<'_>> {
+        Some(Grouped::Put(&self.key, &self.value))
     }
 
     fn done(&self, r: Result<()>) -> Option<Waker> {
@@ -114,6 +136,37 @@ impl<S: Space> Runnable<S> for PutRequest {
 
 impl HasSlot<()> for PutRequest {
     fn slot(&self) -> &Slot<()> {
+        &self.slot
+    }
+}
+
+/// A get: its key, which the worker may read with other gets.
+struct GetRequest {
+    key: Vec<u8>,
+    slot: Slot<Option<Vec<u8>>>,
+}
+
+impl<S: Space> Runnable<S> for GetRequest {
+    fn run(&self, db: Option<&Db<S>>) -> Option<Waker> {
+        let r = match db {
+            Some(db) => std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| db.get(&self.key)))
+                .unwrap_or_else(|p| Err(Error::WorkerPanic(panic_message(&*p)))),
+            None => Err(Error::Closed),
+        };
+        self.slot.complete(r)
+    }
+
+    fn grouped(&self) -> Option<Grouped<'_>> {
+        Some(Grouped::Get(&self.key))
+    }
+
+    fn got(&self, r: Result<Option<Vec<u8>>>) -> Option<Waker> {
+        self.slot.complete(r)
+    }
+}
+
+impl HasSlot<Option<Vec<u8>>> for GetRequest {
+    fn slot(&self) -> &Slot<Option<Vec<u8>>> {
         &self.slot
     }
 }
@@ -261,9 +314,16 @@ impl<S: Space + Send + Sync + 'static> AsyncDb<S> {
     }
 
     /// The value stored for `key`.
+    /// A worker reads the gets it takes off the queue together
+    /// ([`Db::get_many`]), which on a hash pool overlaps their cache
+    /// misses.
     pub fn get(&self, key: &[u8]) -> DbFuture<Option<Vec<u8>>> {
-        let key = key.to_vec();
-        self.run(move |db| db.get(&key))
+        let req = Arc::new(GetRequest {
+            key: key.to_vec(),
+            slot: Slot::default(),
+        });
+        self.send(req.clone());
+        DbFuture { req }
     }
 
     /// Stores `value` under `key`; the future is ready once it is durable.
@@ -390,7 +450,7 @@ pub const SPIN: Duration = Duration::from_micros(50);
 fn worker<S: Space>(db: &Db<S>, rx: &Receiver<Job<S>>, abort: &AtomicBool, workers: usize) {
     let mut batch: Vec<Job<S>> = Vec::with_capacity(BATCH);
     let mut wake: Vec<Waker> = Vec::with_capacity(BATCH);
-    let mut puts: Vec<Job<S>> = Vec::with_capacity(BATCH);
+    let mut group: Vec<Job<S>> = Vec::with_capacity(BATCH);
     // `recv` fails once the queue is closed and empty: every request sent
     // before the close has been handed to some worker.
     while let Some(job) = next_job(rx) {
@@ -399,49 +459,59 @@ fn worker<S: Space>(db: &Db<S>, rx: &Receiver<Job<S>>, abort: &AtomicBool, worke
         batch.extend(rx.try_iter().take(share));
         for job in batch.drain(..) {
             let live = (!abort.load(Ordering::SeqCst)).then_some(db);
-            if live.is_some() && job.pair().is_some() {
-                puts.push(job);
-                continue;
+            // A run of puts, or of gets, next to each other in the queue is
+            // one group. The requests before this one complete before it
+            // runs: a worker keeps the queue's order.
+            let kind = live.and(job.grouped()).map(Grouped::is_put);
+            if group.first().and_then(|g| g.grouped()).map(Grouped::is_put) != kind {
+                run_group(db, &mut group, &mut wake);
             }
-            // The puts before this request complete before it runs: a
-            // worker keeps the queue's order.
-            put_group(db, &mut puts, &mut wake);
-            wake.extend(job.run(live));
+            match kind {
+                Some(_) => group.push(job),
+                None => wake.extend(job.run(live)),
+            }
         }
-        put_group(db, &mut puts, &mut wake);
+        run_group(db, &mut group, &mut wake);
         for w in wake.drain(..) {
             w.wake();
         }
     }
 }
 
-/// Makes the puts of `puts` durable, as one group when there are several
-/// ([`Db::put_many`]), completes each with its own result and empties
-/// `puts`. A panic fails every put of the group with
+/// Runs `group`, puts ([`Db::put_many`], made durable together) or gets
+/// ([`Db::get_many`], read together), completes each request with its
+/// own result and empties `group`. A lone request runs as it would
+/// alone. A panic fails every request of the group with
 /// [`Error::WorkerPanic`] (a put the group made durable before the panic
 /// stays; a failed put may or may not have been written).
-fn put_group<S: Space>(db: &Db<S>, puts: &mut Vec<Job<S>>, wake: &mut Vec<Waker>) {
-    match puts.len() {
+fn run_group<S: Space>(db: &Db<S>, group: &mut Vec<Job<S>>, wake: &mut Vec<Waker>) {
+    match group.len() {
         0 => return,
-        1 => wake.extend(puts[0].run(Some(db))),
+        1 => wake.extend(group[0].run(Some(db))),
+        _ if group[0].grouped().is_some_and(Grouped::is_put) => {
+            let pairs: Vec<(&[u8], &[u8])> = group
+                .iter()
+                .filter_map(|j| match j.grouped() {
+                    Some(Grouped::Put(k, v)) => Some((k, v)),
+                    _ => None,
+                })
+                .collect();
+            let done = caught(|| db.put_many(&pairs), pairs.len());
+            wake.extend(group.iter().zip(done).filter_map(|(j, r)| j.done(r)));
+        }
         _ => {
-            let pairs: Vec<(&[u8], &[u8])> = puts.iter().filter_map(|j| j.pair()).collect();
-            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| db.put_many(&pairs))) {
-                Ok(results) => {
-                    for (job, r) in puts.iter().zip(results) {
-                        wake.extend(job.done(r));
-                    }
-                }
-                Err(p) => {
-                    let msg = panic_message(&*p);
-                    for job in puts.iter() {
-                        wake.extend(job.done(Err(Error::WorkerPanic(msg.clone()))));
-                    }
-                }
-            }
+            let keys: Vec<&[u8]> = group
+                .iter()
+                .filter_map(|j| match j.grouped() {
+                    Some(Grouped::Get(k)) => Some(k),
+                    _ => None,
+                })
+                .collect();
+            let got = caught(|| db.get_many(&keys), keys.len());
+            wake.extend(group.iter().zip(got).filter_map(|(j, r)| j.got(r)));
         }
     }
-    puts.clear();
+    group.clear();
 }
 
 /// The next request: at once if one is queued, else after looking again
@@ -457,6 +527,15 @@ fn next_job<S: Space>(rx: &Receiver<Job<S>>) -> Option<Job<S>> {
             Err(TryRecvError::Empty) => return rx.recv().ok(),
         }
     }
+}
+
+/// The results of a group's call, or, if it panicked, `n` times
+/// [`Error::WorkerPanic`].
+fn caught<T>(f: impl FnOnce() -> Vec<Result<T>>, n: usize) -> Vec<Result<T>> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|p| {
+        let msg = panic_message(&*p);
+        (0..n).map(|_| Err(Error::WorkerPanic(msg.clone()))).collect()
+    })
 }
 
 fn panic_message(p: &(dyn std::any::Any + Send)) -> String {

@@ -1,8 +1,8 @@
 //! `AsyncDb` (KVS B+Tree index §2: a queue of requests, worker threads,
 //! a oneshot per request): the same answers as the blocking `Db` on a
 //! random sequence, under tokio and under `futures`' `block_on`; many
-//! outstanding futures at once; shutdown with requests still queued; and
-//! errors reaching the caller.
+//! outstanding futures at once; shutdown with requests still queued;
+//! errors reaching the caller; and puts and gets a worker runs as groups.
 
 use std::ops::Bound;
 use std::sync::mpsc;
@@ -23,6 +23,15 @@ fn small_nodes() -> Options {
     Options {
         node_size: 256,
         size: 1 << 20,
+        ..Options::default()
+    }
+}
+
+/// A small hash pool.
+fn hash_pool() -> Options {
+    Options {
+        engine: nvstore::EngineKind::Hash,
+        size: 8 << 20,
         ..Options::default()
     }
 }
@@ -208,17 +217,25 @@ async fn many_outstanding_futures() {
     }
 }
 
-/// Holds the only worker of `adb` until the returned sender is used, with
-/// `n` puts queued behind it; returns the sender and the puts' futures.
-fn block_worker_and_queue(adb: &AsyncDb, n: u32) -> (mpsc::Sender<()>, Vec<nvstore::DbFuture<()>>) {
+/// Holds the only worker of `adb` (once it has started the request that
+/// holds it) until the returned sender is used; the future is that
+/// request's.
+fn hold_worker(adb: &AsyncDb) -> (mpsc::Sender<()>, nvstore::DbFuture<()>) {
     let (release, wait) = mpsc::channel::<()>();
     let (started_tx, started) = mpsc::channel::<()>();
-    let _blocker = adb.run(move |_| {
+    let blocker = adb.run(move |_| {
         started_tx.send(()).unwrap();
         wait.recv().unwrap();
         Ok(())
     });
     started.recv().unwrap();
+    (release, blocker)
+}
+
+/// Holds the only worker of `adb` until the returned sender is used, with
+/// `n` puts queued behind it; returns the sender and the puts' futures.
+fn block_worker_and_queue(adb: &AsyncDb, n: u32) -> (mpsc::Sender<()>, Vec<nvstore::DbFuture<()>>) {
+    let (release, _blocker) = hold_worker(adb);
     let puts = (0..n).map(|i| adb.put(&key(i), b"queued")).collect();
     (release, puts)
 }
@@ -311,20 +328,9 @@ fn errors_reach_the_caller() {
 fn queued_puts_on_a_hash_pool_complete_as_one_group() {
     let dir = pool_dir();
     let path = dir.path().join("h.nvs");
-    let opts = Options {
-        engine: nvstore::EngineKind::Hash,
-        size: 8 << 20,
-        ..Options::default()
-    };
+    let opts = hash_pool();
     let adb = AsyncDb::with_workers(Db::create(&path, opts.clone()).unwrap(), 1);
-    let (release, wait) = mpsc::channel::<()>();
-    let (started_tx, started) = mpsc::channel::<()>();
-    let blocker = adb.run(move |_| {
-        started_tx.send(()).unwrap();
-        wait.recv().unwrap();
-        Ok(())
-    });
-    started.recv().unwrap();
+    let (release, blocker) = hold_worker(&adb);
     let big = vec![b'k'; 100_000];
     let mut futs = Vec::new();
     for i in 0..300u32 {
@@ -356,4 +362,102 @@ fn queued_puts_on_a_hash_pool_complete_as_one_group() {
     assert_eq!(db.get(&key(5)).unwrap(), Some(b"again".to_vec()));
     assert_eq!(db.get(&key(14)).unwrap(), Some(vec![14u8; 700]));
     assert_eq!(db.get(&key(299)).unwrap(), Some(299u32.to_be_bytes().to_vec()));
+}
+
+/// Gets a worker takes off the queue together are read as one group
+/// (`Db::get_many`): each future gets its own answer (present, missing,
+/// inline or in a blob, a bad key's error), and the queue's order holds
+/// around puts: a get queued before a put of its key sees the old value,
+/// one queued after it the new.
+#[test]
+fn queued_gets_on_a_hash_pool_read_as_one_group_in_queue_order() {
+    let dir = pool_dir();
+    let path = dir.path().join("h.nvs");
+    let opts = hash_pool();
+    let db = Db::create(&path, opts).unwrap();
+    let value = |i: u32| {
+        if i.is_multiple_of(3) {
+            vec![i as u8; 600]
+        } else {
+            i.to_be_bytes().to_vec()
+        }
+    };
+    for i in (0..200u32).step_by(2) {
+        db.put(&key(i), &value(i)).unwrap();
+    }
+    let adb = AsyncDb::with_workers(db, 1);
+    let (release, blocker) = hold_worker(&adb);
+    let gets: Vec<_> = (0..200u32).map(|i| (i, adb.get(&key(i)))).collect();
+    let bad = adb.get(&vec![b'k'; 100_000]);
+    let before = adb.get(&key(4));
+    let put = adb.put(&key(4), b"new");
+    let after = adb.get(&key(4));
+    let missing_then_put = adb.get(&key(5));
+    let put5 = adb.put(&key(5), b"five");
+    let after5 = adb.get(&key(5));
+    release.send(()).unwrap();
+    blocker.wait().unwrap();
+    for (i, f) in gets {
+        let want = i.is_multiple_of(2).then(|| value(i));
+        assert_eq!(f.wait().unwrap(), want, "get {i}");
+    }
+    assert!(matches!(bad.wait(), Err(Error::KeyTooLarge { .. })));
+    assert_eq!(before.wait().unwrap(), Some(value(4)));
+    put.wait().unwrap();
+    assert_eq!(after.wait().unwrap(), Some(b"new".to_vec()));
+    assert_eq!(missing_then_put.wait().unwrap(), None);
+    put5.wait().unwrap();
+    assert_eq!(after5.wait().unwrap(), Some(b"five".to_vec()));
+}
+
+/// `Db::get_many` answers each key as `Db::get` does, on both engines:
+/// present and missing keys, inline and blob values, an empty value, a
+/// key given twice, and a bad key's error in its own place.
+#[test]
+fn get_many_answers_each_key_as_get_does() {
+    for engine in [nvstore::EngineKind::Tree, nvstore::EngineKind::Hash] {
+        let dir = pool_dir();
+        let db = Db::create(
+            dir.path().join("p.nvs"),
+            Options {
+                engine,
+                size: 16 << 20,
+                ..Options::default()
+            },
+        )
+        .unwrap();
+        // Short keys are held in their slot on a hash pool, longer ones in
+        // the value's blob.
+        let key = |i: u32| {
+            if i.is_multiple_of(4) {
+                key(i)
+            } else {
+                format!("a longer key {i:05}").into_bytes()
+            }
+        };
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        for i in 0..500u32 {
+            let len = [0, 1, 8, 9, 100, 2000][i as usize % 6];
+            let v: Vec<u8> = (0..len).map(|_| rng.gen()).collect();
+            db.put(&key(i * 2), &v).unwrap();
+        }
+        let big = vec![b'k'; 100_000];
+        for n in [0usize, 1, 2, 7, 33, 200] {
+            let mut keys: Vec<Vec<u8>> = (0..n).map(|_| key(rng.gen_range(0..1000))).collect();
+            if n > 2 {
+                keys[1] = keys[0].clone();
+                keys[n / 2] = big.clone();
+            }
+            let refs: Vec<&[u8]> = keys.iter().map(|k| &k[..]).collect();
+            let got = db.get_many(&refs);
+            assert_eq!(got.len(), n);
+            for (k, g) in keys.iter().zip(got) {
+                match db.get(k) {
+                    Ok(want) => assert_eq!(g.unwrap(), want, "{engine:?} {k:?}"),
+                    Err(Error::KeyTooLarge { .. }) => assert!(matches!(g, Err(Error::KeyTooLarge { .. }))),
+                    Err(e) => panic!("{e}"),
+                }
+            }
+        }
+    }
 }

@@ -17,6 +17,25 @@ impl<S: Space> Db<S> {
         self.get_with(key, <[u8]>::to_vec)
     }
 
+    /// [`Db::get`] of each of `keys`: one result per key, in order. On a
+    /// hash pool the lookups run as one batch that overlaps their cache
+    /// misses (each key's bucket lines, then each candidate's blob, are
+    /// fetched before any key is looked up), under one hold of the table's
+    /// read lock; a batch of a few dozen keys is faster than as many
+    /// `get`s. On a tree pool it is the same as calling `get` for each.
+    /// [`AsyncDb`](crate::AsyncDb)'s workers read the gets they take off
+    /// the queue together this way.
+    pub fn get_many(&self, keys: &[&[u8]]) -> Vec<Result<Option<Vec<u8>>>> {
+        match &self.engine {
+            Engine::Hash(h) if keys.len() > 1 => {
+                let mut out: Vec<Result<Option<Vec<u8>>>> = keys.iter().map(|_| Ok(None)).collect();
+                h.get_many_with(keys, |i, r| out[i] = self.named(r.map(|v| v.map(<[u8]>::to_vec))));
+                out
+            }
+            _ => keys.iter().map(|k| self.get(k)).collect(),
+        }
+    }
+
     /// Runs `f` on the value stored for `key` without copying it out of
     /// the pool (no allocation): `Ok(None)` when `key` has no value.
     /// `f` runs inside the read, which holds back the reclamation of

@@ -173,6 +173,24 @@ impl<S: Space> HashEngine<S> {
         Ok(self.table.get_with(key, f))
     }
 
+    /// [`HashEngine::get_with`] for each of `keys` as one batch (see
+    /// [`HashTable::get_many_with`]): `f(i, value)` once for each `keys[i]`;
+    /// a key that is not valid gets its error (before the valid ones).
+    pub fn get_many_with(&self, keys: &[&[u8]], mut f: impl FnMut(usize, Result<Option<&[u8]>>)) {
+        let mut valid = Vec::with_capacity(keys.len());
+        let mut at = Vec::with_capacity(keys.len());
+        for (i, k) in keys.iter().enumerate() {
+            match crate::tree::check_key(k) {
+                Ok(()) => {
+                    valid.push(*k);
+                    at.push(i);
+                }
+                Err(e) => f(i, Err(e)),
+            }
+        }
+        self.table.get_many_with(&valid, |j, v| f(at[j], Ok(v)));
+    }
+
     pub fn put(&self, key: &[u8], value: &[u8]) -> Result<()> {
         crate::tree::check_sizes(key, value)?;
         // The value is copied into the pool before the writer lock, so

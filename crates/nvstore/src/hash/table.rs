@@ -19,6 +19,12 @@ use crate::tree::SplitHook;
 /// Longest key or value: blob lengths are 32-bit.
 pub const MAX_LEN: usize = u32::MAX as usize;
 
+/// Most lines of one blob that [`HashTable::get_many_with`] fetches ahead
+/// (1 KiB): a longer value streams in as it is copied, which the
+/// hardware's own prefetcher follows well, and a batch of such values
+/// would evict its own early lines before they are read.
+pub const PREFETCH_BLOB_LINES: u64 = 16;
+
 /// A put's blob, written and flushed but named by no slot yet
 /// ([`HashTable::write_blob`]): its offset, 0 when the key and value fit
 /// in the slot. The put it was written for publishes it or frees it.
@@ -312,6 +318,69 @@ impl<S: Space> HashTable<S> {
         let st = self.state.read();
         let newest = self.find_newest(&st, l::hash(key), key)?;
         Some(with_slot_value(&*self.space, &newest.words, newest.meta, f))
+    }
+
+    /// [`HashTable::get_with`] for each of `keys`, under one hold of the
+    /// read lock: `f(i, value)` with the newest value of `keys[i]` (or
+    /// `None`), in order. The lookups overlap their cache misses, which
+    /// lone gets take one after the other. In stages over the whole batch,
+    /// each giving the lines the stage before asked for time to arrive:
+    /// 1. fetch the bucket lines of every key;
+    /// 2. fetch the first line of the blob of every slot whose fingerprint
+    ///    matches (the lengths and the start of the key);
+    /// 3. read those lengths and fetch the rest of each blob, up to
+    ///    [`PREFETCH_BLOB_LINES`] lines;
+    /// 4. look up each key as [`HashTable::get_with`] does and lend its
+    ///    value.
+    ///
+    /// Stages 1-3 only warm lines: an offset that is stale or outside the
+    /// pool is skipped, and the lookup reads as a lone get reads. Writers
+    /// wait for the whole batch, so keep batches short (a few dozen).
+    pub fn get_many_with(&self, keys: &[&[u8]], mut f: impl FnMut(usize, Option<&[u8]>)) {
+        let st = self.state.read();
+        let size = self.space.size();
+        let hashes: Vec<u64> = keys.iter().map(|k| l::hash(k)).collect();
+        let buckets = |h: u64| {
+            let seg = l::entry_seg(st.entry(h));
+            (0..l::PROBE).map(move |d| l::bucket_off(seg, l::home_bucket(h) + d))
+        };
+        for &h in &hashes {
+            for b in buckets(h) {
+                for line in (0..l::BUCKET_BYTES).step_by(LINE as usize) {
+                    self.space.prefetch(b + line);
+                }
+            }
+        }
+        let mut blobs = Vec::with_capacity(keys.len());
+        for &h in &hashes {
+            let fp = l::fingerprint(h);
+            for b in buckets(h) {
+                let hdr = BucketHeader(self.space.load(b));
+                for i in (0..l::BUCKET_SLOTS).filter(|&i| hdr.valid(i) && hdr.fp(i) == fp) {
+                    let blob = self.space.load(b + l::slot_rel(i) + 8);
+                    if blob != 0 && blob.is_multiple_of(LINE) && blob.saturating_add(LINE) <= size {
+                        self.space.prefetch(blob);
+                        blobs.push(blob);
+                    }
+                }
+            }
+        }
+        for &blob in &blobs {
+            let (kl, vl) = blob::lens(self.space.load(blob));
+            let end = blob::value_at(blob, kl)
+                .saturating_add(vl)
+                .min(blob + PREFETCH_BLOB_LINES * LINE)
+                .min(size);
+            for line in (blob + LINE..end).step_by(LINE as usize) {
+                self.space.prefetch(line);
+            }
+        }
+        for (i, (key, &h)) in keys.iter().zip(&hashes).enumerate() {
+            match self.find_newest(&st, h, key) {
+                Some(n) => with_slot_value(&*self.space, &n.words, n.meta, |v| f(i, Some(v))),
+                None => f(i, None),
+            }
+        }
     }
 
     /// Inserts or replaces. One 8-byte bucket-header store publishes it:

@@ -405,15 +405,23 @@ impl<S: Space> HashTable<S> {
     /// one (a split since) only warms lines that are not needed. A hint
     /// changes no contents; an offset outside the pool is skipped.
     pub fn prefetch_buckets(&self, h: u64) {
+        if let Some(seg) = self.hinted_segment(h) {
+            self.prefetch_segment_buckets(seg, h);
+        }
+    }
+
+    /// The segment [`HashTable::hint`] names for table hash `h`, if it lies
+    /// inside the pool (it may be stale).
+    fn hinted_segment(&self, h: u64) -> Option<u64> {
         let hint = self.hint.load();
         let depth = hint.len().trailing_zeros();
-        let Some(e) = hint.get(l::dir_index(h, depth) as usize) else {
-            return;
-        };
-        let seg = l::entry_seg(e.load(Ordering::Relaxed));
-        if seg == 0 || seg.saturating_add(l::SEGMENT_BYTES) > self.space.size() {
-            return;
-        }
+        let seg = l::entry_seg(hint.get(l::dir_index(h, depth) as usize)?.load(Ordering::Relaxed));
+        (seg != 0 && seg.saturating_add(l::SEGMENT_BYTES) <= self.space.size()).then_some(seg)
+    }
+
+    /// Prefetches for writing the lines of the two buckets of hash `h` in
+    /// `seg`, a segment inside the pool.
+    fn prefetch_segment_buckets(&self, seg: u64, h: u64) {
         for d in 0..l::PROBE {
             let b = l::bucket_off(seg, l::home_bucket(h) + d);
             for line in (0..l::BUCKET_BYTES).step_by(LINE as usize) {
@@ -451,15 +459,23 @@ impl<S: Space> HashTable<S> {
     /// is published leaves the blob unreachable, and the allocator's
     /// rebuild at open frees it; a put that fails frees it at once.
     pub fn write_blob(&self, key: &[u8], value: &[u8], point: Point) -> Result<Blob> {
-        check_lens(key, value)?;
-        Ok(match l::blob_parts(key, value) {
-            Some((k, v)) => {
-                let off = self.alloc.alloc(&*self.space, blob::size(k.len(), v.len()))?;
+        let block = self.alloc_blob(key, value)?;
+        Ok(Blob(match (block, l::blob_parts(key, value)) {
+            (Some(off), Some((k, v))) => {
                 blob::write(&*self.space, off, k, v, point);
-                Blob(off)
+                off
             }
-            None => Blob(0),
-        })
+            _ => 0,
+        }))
+    }
+
+    /// Checks the lengths of `key` and `value` and allocates the block
+    /// their blob needs (`None` when both are inline), unwritten.
+    fn alloc_blob(&self, key: &[u8], value: &[u8]) -> Result<Option<u64>> {
+        check_lens(key, value)?;
+        l::blob_parts(key, value)
+            .map(|(k, v)| self.alloc.alloc(&*self.space, blob::size(k.len(), v.len())))
+            .transpose()
     }
 
     /// [`HashTable::put`] of a pair whose blob [`HashTable::write_blob`]
@@ -548,11 +564,31 @@ impl<S: Space> HashTable<S> {
     /// The blobs of a group's puts ([`HashTable::write_blob`] of each), to
     /// write before any lock is taken.
     pub fn write_blobs(&self, items: &[(&[u8], &[u8])]) -> Vec<Result<Blob>> {
+        // Every block is allocated, and every key's segment read from the
+        // hint, before the first blob is flushed. Both take locks (the
+        // allocator's, and the hint's slot, given back when its guard
+        // drops) with locked instructions, and a locked instruction after
+        // a `clwb` waits for that line's write-back, as a fence would.
+        // Done per put, they made each blob of a group wait for the one
+        // before it to reach memory.
+        let hashes: Vec<u64> = items.iter().map(|(key, _)| l::hash(key)).collect();
+        let segs: Vec<Option<u64>> = hashes.iter().map(|&h| self.hinted_segment(h)).collect();
+        let blocks: Vec<Result<Option<u64>>> = items.iter().map(|&(key, value)| self.alloc_blob(key, value)).collect();
         items
             .iter()
-            .map(|&(key, value)| {
-                self.prefetch_buckets(l::hash(key));
-                self.write_blob(key, value, p::GROUP_BLOB_FLUSH)
+            .zip(blocks)
+            .zip(hashes.iter().zip(segs))
+            .map(|((&(key, value), block), (&h, seg))| {
+                if let Some(seg) = seg {
+                    self.prefetch_segment_buckets(seg, h);
+                }
+                Ok(Blob(match (block?, l::blob_parts(key, value)) {
+                    (Some(off), Some((k, v))) => {
+                        blob::write(&*self.space, off, k, v, p::GROUP_BLOB_FLUSH);
+                        off
+                    }
+                    _ => 0,
+                }))
             })
             .collect()
     }

@@ -314,6 +314,7 @@ impl<S: Space + Send + Sync + 'static> AsyncDb<S> {
     }
 
     /// The value stored for `key`.
+    ///
     /// A worker reads the gets it takes off the queue together
     /// ([`Db::get_many`]), which on a hash pool overlaps their cache
     /// misses.

@@ -117,11 +117,7 @@ struct PutRequest {
 
 impl<S: Space> Runnable<S> for PutRequest {
     fn run(&self, db: Option<&Db<S>>) -> Option<Waker> {
-        let r = match db {
-            Some(db) => std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| db.put(&self.key, &self.value)))
-                .unwrap_or_else(|p| Err(Error::WorkerPanic(panic_message(&*p)))),
-            None => Err(Error::Closed),
-        };
+        let r = db.map_or(Err(Error::Closed), |db| guarded(|| db.put(&self.key, &self.value)));
         self.slot.complete(r)
     }
 
@@ -148,11 +144,7 @@ struct GetRequest {
 
 impl<S: Space> Runnable<S> for GetRequest {
     fn run(&self, db: Option<&Db<S>>) -> Option<Waker> {
-        let r = match db {
-            Some(db) => std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| db.get(&self.key)))
-                .unwrap_or_else(|p| Err(Error::WorkerPanic(panic_message(&*p)))),
-            None => Err(Error::Closed),
-        };
+        let r = db.map_or(Err(Error::Closed), |db| guarded(|| db.get(&self.key)));
         self.slot.complete(r)
     }
 
@@ -186,11 +178,7 @@ where
 {
     fn run(&self, db: Option<&Db<S>>) -> Option<Waker> {
         let f = self.f.lock().take()?;
-        let r = match db {
-            Some(db) => std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(db)))
-                .unwrap_or_else(|p| Err(Error::WorkerPanic(panic_message(&*p)))),
-            None => Err(Error::Closed),
-        };
+        let r = db.map_or(Err(Error::Closed), |db| guarded(|| f(db)));
         self.slot.complete(r)
     }
 }
@@ -528,6 +516,13 @@ fn next_job<S: Space>(rx: &Receiver<Job<S>>) -> Option<Job<S>> {
             Err(TryRecvError::Empty) => return rx.recv().ok(),
         }
     }
+}
+
+/// The result of a request's call, or [`Error::WorkerPanic`] if it
+/// panicked.
+fn guarded<T>(f: impl FnOnce() -> Result<T>) -> Result<T> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f))
+        .unwrap_or_else(|p| Err(Error::WorkerPanic(panic_message(&*p))))
 }
 
 /// The results of a group's call, or, if it panicked, `n` times

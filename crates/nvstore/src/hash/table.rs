@@ -340,21 +340,16 @@ impl<S: Space> HashTable<S> {
         let st = self.state.read();
         let size = self.space.size();
         let hashes: Vec<u64> = keys.iter().map(|k| l::hash(k)).collect();
-        let buckets = |h: u64| {
-            let seg = l::entry_seg(st.entry(h));
-            (0..l::PROBE).map(move |d| l::bucket_off(seg, l::home_bucket(h) + d))
-        };
         for &h in &hashes {
-            for b in buckets(h) {
-                for line in (0..l::BUCKET_BYTES).step_by(LINE as usize) {
-                    self.space.prefetch(b + line);
-                }
+            for line in bucket_lines(l::entry_seg(st.entry(h)), h) {
+                self.space.prefetch(line);
             }
         }
         let mut blobs = Vec::with_capacity(keys.len());
         for &h in &hashes {
             let fp = l::fingerprint(h);
-            for b in buckets(h) {
+            let seg = l::entry_seg(st.entry(h));
+            for b in (0..l::PROBE).map(|d| l::bucket_off(seg, l::home_bucket(h) + d)) {
                 let hdr = BucketHeader(self.space.load(b));
                 for i in (0..l::BUCKET_SLOTS).filter(|&i| hdr.valid(i) && hdr.fp(i) == fp) {
                     let blob = self.space.load(b + l::slot_rel(i) + 8);
@@ -422,11 +417,8 @@ impl<S: Space> HashTable<S> {
     /// Prefetches for writing the lines of the two buckets of hash `h` in
     /// `seg`, a segment inside the pool.
     fn prefetch_segment_buckets(&self, seg: u64, h: u64) {
-        for d in 0..l::PROBE {
-            let b = l::bucket_off(seg, l::home_bucket(h) + d);
-            for line in (0..l::BUCKET_BYTES).step_by(LINE as usize) {
-                self.space.prefetch_write(b + line);
-            }
+        for line in bucket_lines(seg, h) {
+            self.space.prefetch_write(line);
         }
     }
 
@@ -460,13 +452,19 @@ impl<S: Space> HashTable<S> {
     /// rebuild at open frees it; a put that fails frees it at once.
     pub fn write_blob(&self, key: &[u8], value: &[u8], point: Point) -> Result<Blob> {
         let block = self.alloc_blob(key, value)?;
-        Ok(Blob(match (block, l::blob_parts(key, value)) {
+        Ok(self.fill_blob(key, value, block, point))
+    }
+
+    /// Writes and flushes (at `point`) the blob of `key` and `value` into
+    /// `block`, which [`HashTable::alloc_blob`] allocated for them.
+    fn fill_blob(&self, key: &[u8], value: &[u8], block: Option<u64>, point: Point) -> Blob {
+        Blob(match (block, l::blob_parts(key, value)) {
             (Some(off), Some((k, v))) => {
                 blob::write(&*self.space, off, k, v, point);
                 off
             }
             _ => 0,
-        }))
+        })
     }
 
     /// Checks the lengths of `key` and `value` and allocates the block
@@ -582,13 +580,7 @@ impl<S: Space> HashTable<S> {
                 if let Some(seg) = seg {
                     self.prefetch_segment_buckets(seg, h);
                 }
-                Ok(Blob(match (block?, l::blob_parts(key, value)) {
-                    (Some(off), Some((k, v))) => {
-                        blob::write(&*self.space, off, k, v, p::GROUP_BLOB_FLUSH);
-                        off
-                    }
-                    _ => 0,
-                }))
+                Ok(self.fill_blob(key, value, block?, p::GROUP_BLOB_FLUSH))
             })
             .collect()
     }
@@ -1165,6 +1157,15 @@ fn check_lens(key: &[u8], value: &[u8]) -> Result<()> {
         });
     }
     Ok(())
+}
+
+/// Every line of the two buckets (the probe window) of table hash `h` in
+/// segment `seg`.
+fn bucket_lines(seg: u64, h: u64) -> impl Iterator<Item = u64> {
+    (0..l::PROBE).flat_map(move |d| {
+        let b = l::bucket_off(seg, l::home_bucket(h) + d);
+        (0..l::BUCKET_BYTES).step_by(LINE as usize).map(move |line| b + line)
+    })
 }
 
 fn read_slot<S: Space>(s: &S, off: u64) -> Slot {

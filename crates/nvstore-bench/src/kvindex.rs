@@ -6,21 +6,36 @@
 //! through [`AsyncDb`] (`async`), each with and without the ordered index.
 //!
 //! - `sync`: one thread calls `Db::put` N times, then `Db::get` N times.
-//! - `async`: as the paper's client does, one thread keeps many requests
-//!   in flight (`--window`, 64 by default), issued in bursts of half the
-//!   window: it queues one burst of puts, then collects the burst before
-//!   it, then queues the next, and so on; then the same for the N gets. The
-//!   workers drain the queue in batches meanwhile. (Refilling the window
-//!   one request per completion, as before, woke the client once per
-//!   request: a context switch per operation, more than the operation.) Every put is durable
-//!   when its future completes, as every sync put is when it returns: both
-//!   modes write the same keys and values. Each put is an
-//!   `AsyncDb::put_owned` of a value the client builds (a fresh buffer per
-//!   request, as an asynchronous caller must keep its value until the put
-//!   is done; the sync loop reuses one). A worker makes the puts it takes
-//!   off the queue together durable as one group (`Db::put_many`: on a
-//!   hash pool one fence for all their slots and one for all their
-//!   headers), which the sync loop, one put per call, cannot.
+//! - `async`: as the paper's client does (§3: it issues its 10 000
+//!   asynchronous calls, then waits for each future in turn), one thread
+//!   queues every put, then awaits their futures in order; then the same
+//!   for the N gets. The workers drain the queue in batches meanwhile.
+//!   Only from 8 sectors up is the client bounded: it keeps at most
+//!   [`IN_FLIGHT_BYTES`] of values in flight (at 8 sectors 2 048
+//!   requests, at 64 sectors 256, at 1 024 sectors 16). The values in
+//!   flight then stay in the last-level cache and the allocator hands
+//!   their memory out again warm; with all 10 000 (5 MiB at 1 sector, but
+//!   320 MiB at 64) the worker read every value from DRAM and the client
+//!   faulted fresh pages in for the next, and at 64 and 1 024 sectors
+//!   async fell behind sync (BENCHMARKS.md). Bounded (or with `--window W`, at most W requests), it
+//!   issues in bursts of half the window: it queues one burst, then
+//!   collects the burst before it, then queues the next. (Refilling a window one request per
+//!   completion woke the client once per request: a context switch per
+//!   operation, more than the operation.) Every put is durable when its
+//!   future completes, as every sync put is when it returns: both modes
+//!   write the same keys and values. Each put is an `AsyncDb::put_owned`
+//!   of a value the client builds (a fresh buffer per request, as an
+//!   asynchronous caller must keep its value until the put is done; the
+//!   sync loop reuses one). A worker makes the puts it takes off the queue
+//!   together durable as one group (`Db::put_many`: on a hash pool one
+//!   fence for all their slots and one for all their headers), which the
+//!   sync loop, one put per call, cannot.
+//!
+//! Each run's pool is created with every page mapped
+//! ([`Options::populate`]), before the clock starts, in both modes: the
+//! first-touch page faults of a fresh tmpfs file are the kernel's cost,
+//! not the store's, and with two workers faulting at once they made the
+//! async runs the noisier.
 //!
 //! `ops_per_sec` is 2N over the time of both phases, with the index: the
 //! median of the `--repeat` runs. `index_overhead_pct` is how much longer
@@ -72,8 +87,25 @@ pub const KV_ENGINES: &[&str] = &["hash", "tree"];
 /// Pairs of runs of each configuration by default.
 pub const REPEAT: u32 = 5;
 
-/// Requests the async client keeps in flight by default.
-pub const WINDOW: usize = 64;
+/// Requests the async client keeps in flight by default: 0, all of them
+/// (the paper's client), up to [`IN_FLIGHT_BYTES`] of values.
+pub const WINDOW: usize = 0;
+
+/// Most bytes of values the async client keeps in flight with `--window
+/// 0` (see the module docs).
+pub const IN_FLIGHT_BYTES: usize = 8 << 20;
+
+/// The window a run of `n` requests of `value_len`-byte values uses for
+/// `--window window`: `window` if set, else all `n` (0) up to
+/// [`IN_FLIGHT_BYTES`] of values.
+pub fn window_for(window: usize, n: usize, value_len: usize) -> usize {
+    let cap = (IN_FLIGHT_BYTES / value_len.max(1)).max(2);
+    match window {
+        0 if cap >= n => 0,
+        0 => cap,
+        w => w,
+    }
+}
 
 /// `nvstore bench kvindex` flags.
 #[derive(clap::Args, Clone, Debug)]
@@ -100,7 +132,9 @@ pub struct KvIndexArgs {
     /// AsyncDb worker threads (default: one per core, at least two).
     #[arg(long)]
     pub workers: Option<usize>,
-    /// Requests the async client keeps in flight.
+    /// Requests the async client keeps in flight; 0 queues every request
+    /// of a phase, then awaits them (the paper's client), up to 8 MiB of
+    /// values in flight.
     #[arg(long, default_value_t = WINDOW)]
     pub window: usize,
     /// Pairs of runs (with and without the index) of each configuration;
@@ -249,9 +283,9 @@ fn check_value(key: &[u8; KEY_LEN], len: usize, got: Option<Vec<u8>>) -> Result<
     }
 }
 
-/// Runs `n` requests, keeping up to `window` of them in flight, in
-/// bursts of half the window: `issue(i)` starts request `i`, `done(i,
-/// result)` takes its result. The client issues one burst, then collects
+/// Runs `n` requests, keeping up to `window` of them in flight (all `n`
+/// when `window` is 0), in bursts of half the window: `issue(i)` starts
+/// request `i`, `done(i, result)` takes its result. The client issues one burst, then collects
 /// the burst before it (in order; those requests ran meanwhile), then
 /// issues the next. So it waits at most once per burst, and only when the
 /// older burst is not done by the time the newer one is queued; it is
@@ -263,7 +297,7 @@ fn in_flight<T, F: Future<Output = Result<T>>>(
     mut issue: impl FnMut(usize) -> F,
     mut done: impl FnMut(usize, T) -> Result<()>,
 ) -> Result<()> {
-    let burst = (window / 2).max(1);
+    let burst = if window == 0 { n.max(1) } else { (window / 2).max(1) };
     block_on(async {
         let mut older: Vec<(usize, F)> = Vec::with_capacity(burst);
         let mut next = 0;
@@ -319,6 +353,7 @@ fn run_once(
         }
         Mode::Async => {
             let adb = AsyncDb::with_workers(db, workers);
+            let window = window_for(window, keys.len(), value_len);
             let t0 = Instant::now();
             // Each put hands its key and value to the request (no copy);
             // the value is built here, as the sync loop builds it.
@@ -372,6 +407,7 @@ pub fn run_kvindex(a: &KvIndexArgs) -> Result<(Vec<KvIndexResult>, Vec<String>)>
         }
         let base = Options {
             create: true,
+            populate: true,
             // Room for every value and its allocation rounding, so the
             // pool never grows during a measured run.
             size: (n * (value_len as u64 + 256) * 5 / 4 + (64 << 20)).next_multiple_of(2 << 20),
@@ -473,6 +509,17 @@ mod tests {
         assert_eq!(&record_key(1), b"356a192b7913b04c54574d18c28d46e6395428ab");
         let keys: std::collections::HashSet<_> = (1..=10_000).map(record_key).collect();
         assert_eq!(keys.len(), 10_000);
+    }
+
+    #[test]
+    fn the_default_window_is_every_request_up_to_the_bytes_in_flight() {
+        assert_eq!(window_for(0, 10_000, SECTOR), 0);
+        assert_eq!(window_for(0, 10_000, 8 * SECTOR), 2048);
+        assert_eq!(window_for(0, 1_000, 8 * SECTOR), 0);
+        assert_eq!(window_for(0, 10_000, 64 * SECTOR), 256);
+        assert_eq!(window_for(0, 1024, 1024 * SECTOR), 16);
+        assert_eq!(window_for(0, 10, 1 << 30), 2);
+        assert_eq!(window_for(64, 10_000, SECTOR), 64);
     }
 
     #[test]

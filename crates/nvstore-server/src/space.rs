@@ -113,4 +113,9 @@ impl Space for ServerSpace {
     fn prefetch_write(&self, off: u64) {
         each!(self, s => s.prefetch_write(off))
     }
+
+    #[inline]
+    fn drain(&self) {
+        each!(self, s => s.drain())
+    }
 }

@@ -204,3 +204,42 @@ fn hash_inserts_do_not_pay_for_the_directory() {
         "flushes per insert grew with the table: {per_insert:?}"
     );
 }
+
+/// A group of puts on a hash pool (`Db::put_many`, what an `AsyncDb`
+/// worker issues) costs three fences whatever its size: the drain that
+/// waits for the group's blobs before the writer lock is taken, then one
+/// fence for all the slots and one for all the bucket headers. A lone put
+/// costs two (its slot's and its header's).
+#[test]
+fn a_hash_group_costs_three_fences_whatever_its_size() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = nvstore::Db::create(
+        dir.path().join("g.pool"),
+        nvstore::Options {
+            engine: nvstore::EngineKind::Hash,
+            size: 64 << 20,
+            ..nvstore::Options::default()
+        },
+    )
+    .unwrap();
+    let value = [7u8; 300];
+    // The first blobs carve the allocator's first block of their size
+    // (fences of their own): warm it up.
+    for i in 0..10u64 {
+        db.put(&(1_000_000 + i).to_be_bytes(), &value).unwrap();
+    }
+    let mut next = 0u64;
+    for n in [2usize, 10, 40] {
+        let keys: Vec<[u8; 8]> = (next..next + n as u64).map(u64::to_be_bytes).collect();
+        next += n as u64;
+        let pairs: Vec<(&[u8], &[u8])> = keys.iter().map(|k| (&k[..], &value[..])).collect();
+        let before = ThreadCounters::get();
+        assert!(db.put_many(&pairs).iter().all(|r| r.is_ok()));
+        let d = ThreadCounters::get().since(before);
+        assert_eq!(d.fences, 3, "a group of {n}");
+    }
+    let before = ThreadCounters::get();
+    db.put(b"alone", &value).unwrap();
+    assert_eq!(ThreadCounters::get().since(before).fences, 2, "a lone put");
+    assert_eq!(db.len(), 63);
+}

@@ -49,6 +49,13 @@ pub struct Options {
     pub read_only: bool,
     /// Never try `MAP_SYNC`.
     pub force_shared: bool,
+    /// Map every page of the pool when it is opened or grown
+    /// (`MAP_POPULATE`), instead of on first touch: opening takes longer
+    /// (about a second per few GiB on tmpfs), and no write or read later
+    /// stops for a page fault. For servers that want steady latency from
+    /// the first request, and benchmarks that time the engine rather than
+    /// the kernel's first-touch faults. Not stored in the pool.
+    pub populate: bool,
     /// Workload-adaptive node sizing (NV-Tree §5): which strategy picks
     /// the size of the leaves that replace a full one. Not stored in the
     /// pool; each open chooses.
@@ -74,6 +81,7 @@ impl Default for Options {
             latency_ns: 0,
             read_only: false,
             force_shared: false,
+            populate: false,
             adaptive: DEFAULT_ADAPTIVE,
             ordered_index: true,
         }
@@ -191,6 +199,7 @@ impl<S: Space> Db<S> {
             latency_ns: opts.latency_ns,
             max_size: opts.max_size,
             force_shared: opts.force_shared,
+            populate: opts.populate,
             name: None,
         };
         let space = FileSpace::open(path, &fo)?;
@@ -241,6 +250,7 @@ impl<S: Space> Db<S> {
             latency_ns: opts.latency_ns,
             max_size: opts.max_size,
             force_shared: opts.force_shared,
+            populate: opts.populate,
             name: Some(path.to_path_buf()),
         };
         let space = FileSpace::open(&tmp, &fo)?;

@@ -1124,7 +1124,7 @@ pub(super) fn torn_split(entries: &[u64], depth: u32) -> Option<(usize, usize, u
 /// groups of this many. A group's keys and bucket headers are short lists
 /// searched in full for each put, and 64 puts already share each fence
 /// among 64.
-pub(super) const GROUP_MAX: usize = 64;
+pub const GROUP_MAX: usize = 64;
 
 /// A group of puts staged but not yet published ([`HashTable::put_group`]).
 #[derive(Default)]

@@ -108,9 +108,9 @@ pub trait Space: Send + Sync + 'static {
     /// moves where the thread waits: issued before a lock is taken, it
     /// keeps the write-back of flushes made outside the lock from
     /// lengthening the time the lock is held (the fence under the lock
-    /// then finds them done). The one method the engine's interface
-    /// gained for speed alone; a space without a write-back to wait for
-    /// (simulated, remote) does nothing.
+    /// then finds them done). Like the prefetches below, it is there for
+    /// speed alone; a space without a write-back to wait for (simulated,
+    /// remote) does nothing.
     #[inline]
     fn drain(&self) {}
 

@@ -12,24 +12,24 @@
 //!   for the N gets. The workers drain the queue in batches meanwhile.
 //!   Only from 8 sectors up is the client bounded: it keeps at most
 //!   [`IN_FLIGHT_BYTES`] of values in flight (at 8 sectors 2 048
-//!   requests, at 64 sectors 256, at 1 024 sectors 16). The values in
-//!   flight then stay in the last-level cache and the allocator hands
-//!   their memory out again warm; with all 10 000 (5 MiB at 1 sector, but
-//!   320 MiB at 64) the worker read every value from DRAM and the client
-//!   faulted fresh pages in for the next, and at 64 and 1 024 sectors
-//!   async fell behind sync (BENCHMARKS.md). Bounded (or with `--window W`, at most W requests), it
-//!   issues in bursts of half the window: it queues one burst, then
-//!   collects the burst before it, then queues the next. (Refilling a window one request per
-//!   completion woke the client once per request: a context switch per
-//!   operation, more than the operation.) Every put is durable when its
-//!   future completes, as every sync put is when it returns: both modes
-//!   write the same keys and values. Each put is an `AsyncDb::put_owned`
-//!   of a value the client builds (a fresh buffer per request, as an
-//!   asynchronous caller must keep its value until the put is done; the
-//!   sync loop reuses one). A worker makes the puts it takes off the queue
-//!   together durable as one group (`Db::put_many`: on a hash pool one
-//!   fence for all their slots and one for all their headers), which the
-//!   sync loop, one put per call, cannot.
+//!   requests, at 64 sectors 256, at 1 024 sectors 16), so the values in
+//!   flight fit in the last-level cache and the allocator hands their
+//!   memory out again while it is warm. With all 10 000 in flight (320
+//!   MiB at 64 sectors), async fell behind sync at 64 and 1 024 sectors
+//!   (BENCHMARKS.md). Bounded (or with `--window W`, at most W requests),
+//!   the client issues in bursts of half the window: it queues one burst,
+//!   then collects the burst before it, then queues the next. (Refilling
+//!   a window one request per completion woke the client once per
+//!   request: a context switch per operation, more than the operation.)
+//!   Every put is durable when its future completes, as every sync put is
+//!   when it returns: both modes write the same keys and values. Each put
+//!   is an `AsyncDb::put_owned` of a value the client builds (a fresh
+//!   buffer per request, as an asynchronous caller must keep its value
+//!   until the put is done; the sync loop reuses one). A worker makes the
+//!   puts it takes off the queue together durable as one group
+//!   (`Db::put_many`: on a hash pool one fence for all their slots and one
+//!   for all their headers), which the sync loop, one put per call,
+//!   cannot.
 //!
 //! Each run's pool is created with every page mapped
 //! ([`Options::populate`]), before the clock starts, in both modes: the
@@ -285,8 +285,8 @@ fn check_value(key: &[u8; KEY_LEN], len: usize, got: Option<Vec<u8>>) -> Result<
 
 /// Runs `n` requests, keeping up to `window` of them in flight (all `n`
 /// when `window` is 0), in bursts of half the window: `issue(i)` starts
-/// request `i`, `done(i, result)` takes its result. The client issues one burst, then collects
-/// the burst before it (in order; those requests ran meanwhile), then
+/// request `i`, `done(i, result)` takes its result. The client issues one
+/// burst, then collects the burst before it (in order; those requests ran meanwhile), then
 /// issues the next. So it waits at most once per burst, and only when the
 /// older burst is not done by the time the newer one is queued; it is
 /// never woken once per completion, and the workers find a burst's worth

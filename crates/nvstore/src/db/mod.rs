@@ -51,8 +51,8 @@ pub struct Options {
     pub force_shared: bool,
     /// Map every page of the pool when it is opened or grown
     /// (`MAP_POPULATE`), instead of on first touch: opening takes longer
-    /// (about a second per few GiB on tmpfs), and no write or read later
-    /// stops for a page fault. For servers that want steady latency from
+    /// (the kernel maps the whole pool up front), and no write or read
+    /// later stops for a page fault. For servers that want steady latency from
     /// the first request, and benchmarks that time the engine rather than
     /// the kernel's first-touch faults. Not stored in the pool.
     pub populate: bool,

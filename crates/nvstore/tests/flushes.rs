@@ -168,16 +168,7 @@ fn split_heavy_runs_stay_below_the_derived_bound() {
 #[test]
 fn hash_inserts_do_not_pay_for_the_directory() {
     let dir = tempfile::tempdir().unwrap();
-    let db = nvstore::Db::create(
-        dir.path().join("h.pool"),
-        nvstore::Options {
-            engine: nvstore::EngineKind::Hash,
-            ordered_index: false,
-            size: 64 << 20,
-            ..nvstore::Options::default()
-        },
-    )
-    .unwrap();
+    let db = hash_pool(dir.path(), false);
     let mut keys = xorshift(7);
     let mut per_insert = Vec::new();
     for round in 0..5u64 {
@@ -213,15 +204,7 @@ fn hash_inserts_do_not_pay_for_the_directory() {
 #[test]
 fn a_hash_group_costs_three_fences_whatever_its_size() {
     let dir = tempfile::tempdir().unwrap();
-    let db = nvstore::Db::create(
-        dir.path().join("g.pool"),
-        nvstore::Options {
-            engine: nvstore::EngineKind::Hash,
-            size: 64 << 20,
-            ..nvstore::Options::default()
-        },
-    )
-    .unwrap();
+    let db = hash_pool(dir.path(), true);
     let value = [7u8; 300];
     // The first blobs carve the allocator's first block of their size
     // (fences of their own): warm it up.
@@ -242,4 +225,18 @@ fn a_hash_group_costs_three_fences_whatever_its_size() {
     db.put(b"alone", &value).unwrap();
     assert_eq!(ThreadCounters::get().since(before).fences, 2, "a lone put");
     assert_eq!(db.len(), 63);
+}
+
+/// A fresh 64 MiB hash pool in `dir`, with or without its ordered index.
+fn hash_pool(dir: &std::path::Path, ordered_index: bool) -> nvstore::Db {
+    nvstore::Db::create(
+        dir.join("h.pool"),
+        nvstore::Options {
+            engine: nvstore::EngineKind::Hash,
+            ordered_index,
+            size: 64 << 20,
+            ..nvstore::Options::default()
+        },
+    )
+    .unwrap()
 }

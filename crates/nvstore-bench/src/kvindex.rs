@@ -35,7 +35,8 @@
 //! ([`Options::populate`]), before the clock starts, in both modes: the
 //! first-touch page faults of a fresh tmpfs file are the kernel's cost,
 //! not the store's, and with two workers faulting at once they made the
-//! async runs the noisier.
+//! async runs the noisier. For the same reason the async client's request
+//! buffers are warmed before the clock ([`warm_request_buffers`]).
 //!
 //! `ops_per_sec` is 2N over the time of both phases, with the index: the
 //! median of the `--repeat` runs. `index_overhead_pct` is how much longer
@@ -314,6 +315,21 @@ fn in_flight<T, F: Future<Output = Result<T>>>(
     })
 }
 
+/// Allocates, touches and frees as many key and value buffers as the
+/// async client will keep in flight (`count`, each `value_len` bytes),
+/// before the clock starts. The allocator then hands the client memory it
+/// has already mapped, as the pool's pages are mapped before the clock
+/// ([`Options::populate`]). Without it, the first touch of fresh heap memory
+/// (a transparent huge page at a time, several milliseconds each on a VM
+/// whose host backs the page lazily) fell inside the client's issue loop
+/// in some runs and not others: that loop took 2 ms in most runs and 8 to
+/// 27 ms in the rest (BENCHMARKS.md). The sync loop reuses one buffer and
+/// needs no warming.
+fn warm_request_buffers(count: usize, value_len: usize) {
+    let bufs: Vec<(Vec<u8>, Vec<u8>)> = (0..count).map(|_| (vec![1u8; KEY_LEN], vec![1u8; value_len])).collect();
+    std::hint::black_box(&bufs);
+}
+
 /// One measured run on a fresh pool; returns operations per second.
 #[allow(clippy::too_many_arguments, reason = "one run's parameters, all distinct")]
 fn run_once(
@@ -354,6 +370,7 @@ fn run_once(
         Mode::Async => {
             let adb = AsyncDb::with_workers(db, workers);
             let window = window_for(window, keys.len(), value_len);
+            warm_request_buffers(if window == 0 { keys.len() } else { window }, value_len);
             let t0 = Instant::now();
             // Each put hands its key and value to the request (no copy);
             // the value is built here, as the sync loop builds it.

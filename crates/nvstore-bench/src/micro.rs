@@ -112,6 +112,14 @@ pub struct MicroArgs {
     /// Pairs per range scan in `--op scan`.
     #[arg(long, default_value_t = 100)]
     pub scan_len: usize,
+    /// Map the pools' pages as they are first touched, during the
+    /// measured operations, instead of all at creation (the default: a
+    /// first touch costs a page fault and the page's zeroing on tmpfs, an
+    /// artefact of emulating NVM in DRAM that a real NVM mapping does not
+    /// have, and the engines that allocate the most fresh pages pay it
+    /// most).
+    #[arg(long)]
+    pub lazy_pages: bool,
     /// Directory of the pool files (tmpfs keeps them in DRAM).
     #[arg(long, default_value = "/dev/shm")]
     pub pool_dir: PathBuf,
@@ -134,6 +142,7 @@ impl Default for MicroArgs {
             out: None,
             seed: 1,
             scan_len: 100,
+            lazy_pages: false,
             pool_dir: "/dev/shm".into(),
         }
     }
@@ -173,6 +182,14 @@ pub struct CompareArgs {
     /// Pairs per range scan in `--op scan`.
     #[arg(long, default_value_t = 100)]
     pub scan_len: usize,
+    /// Map the pools' pages as they are first touched, during the
+    /// measured operations, instead of all at creation (the default: a
+    /// first touch costs a page fault and the page's zeroing on tmpfs, an
+    /// artefact of emulating NVM in DRAM that a real NVM mapping does not
+    /// have, and the engines that allocate the most fresh pages pay it
+    /// most).
+    #[arg(long)]
+    pub lazy_pages: bool,
     /// Directory of the pool files.
     #[arg(long, default_value = "/dev/shm")]
     pub pool_dir: PathBuf,
@@ -192,6 +209,7 @@ impl Default for CompareArgs {
             read_ratio: 0.5,
             seed: 1,
             scan_len: 100,
+            lazy_pages: false,
             pool_dir: "/dev/shm".into(),
         }
     }
@@ -482,6 +500,7 @@ pub fn run_micro(args: &MicroArgs) -> Result<Vec<MicroResult>> {
         key_kind: args.key_kind,
         pool_dir: args.pool_dir.clone(),
         pool_size: pool_size_for(args.keys),
+        populate: !args.lazy_pages,
     };
     let w = Workload {
         op: args.op,
@@ -555,6 +574,7 @@ pub fn run_compare(args: &CompareArgs) -> Result<Vec<CompareResult>> {
         key_kind: KeyKind::U64,
         pool_dir: args.pool_dir.clone(),
         pool_size: pool_size_for(args.keys),
+        populate: !args.lazy_pages,
     };
     let w = Workload {
         op: args.op,

@@ -47,6 +47,10 @@ pub struct EngineConfig {
     pub pool_dir: PathBuf,
     /// Initial pool size (pools grow on demand).
     pub pool_size: u64,
+    /// Map every page of the pool when it is created and when it grows
+    /// ([`FileOptions::populate`]), so no engine's measured operations pay
+    /// the first touch of a page.
+    pub populate: bool,
 }
 
 impl EngineConfig {
@@ -58,6 +62,7 @@ impl EngineConfig {
             key_kind: KeyKind::U64,
             pool_dir: "/dev/shm".into(),
             pool_size: 64 << 20,
+            populate: false,
         }
     }
 }
@@ -160,6 +165,7 @@ pub fn open_engine(name: &str, cfg: &EngineConfig) -> Result<Box<dyn BenchIndex>
     let fo = FileOptions {
         mode: OpenMode::Create { size: cfg.pool_size },
         latency_ns: cfg.latency_ns,
+        populate: cfg.populate,
         ..FileOptions::default()
     };
     let space = FileSpace::open(&path, &fo)?;

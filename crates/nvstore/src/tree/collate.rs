@@ -147,6 +147,10 @@ pub fn collate<S: Space>(s: &S, leaf: u64, n: u64, keep: Keep) -> Collated {
     collate_in(s, leaf, n, keep, &RB::Unbounded, &RB::Unbounded)
 }
 
+/// Elements of a leaf above which [`collate_in`] leaves out, before its
+/// sort, the versions no snapshot reads (a leaf of 1 KB holds at most 60).
+const FILTER_FROM: u64 = 64;
+
 /// [`collate`] restricted to keys in `[lo, hi]`: elements outside are
 /// skipped before they are sorted, mostly on their key word alone (a narrow
 /// scan, such as a prefix, sorts only what it returns). `max_key` and `live`
@@ -175,7 +179,12 @@ pub fn collate_in<S: Space>(s: &S, leaf: u64, n: u64, keep: Keep, lo: &RB<Vec<u8
     let bar = match keep {
         Keep::At(ts) | Keep::Since(ts) => ts,
     };
-    let mut settled: FxHashSet<(u64, u8)> = FxHashSet::with_capacity_and_hasher(64, Default::default());
+    // Only worth its hashing in a leaf that can hold many versions of a
+    // key: below this many elements the sort below is cheaper than the
+    // set, and what is kept does not depend on it (the per-key pass after
+    // the sort drops the same elements).
+    let filter = n > FILTER_FROM;
+    let mut settled: FxHashSet<(u64, u8)> = FxHashSet::default();
     for i in (0..n).rev() {
         if bounded {
             let kw = layout.key_word(s, i);
@@ -188,7 +197,7 @@ pub fn collate_in<S: Space>(s: &S, leaf: u64, n: u64, keep: Keep, lo: &RB<Vec<u8
             .expect("published element has valid meta")
             .key_inline
         {
-            Some(len) => {
+            Some(len) if filter => {
                 let key = (words[0], len);
                 if words[1] == 0 && settled.contains(&key) {
                     continue;
@@ -198,6 +207,7 @@ pub fn collate_in<S: Space>(s: &S, leaf: u64, n: u64, keep: Keep, lo: &RB<Vec<u8
                 }
                 None
             }
+            Some(_) => None,
             None => Some(element_key(s, &words).into_boxed_slice()),
         };
         let slot = Slot {
@@ -283,6 +293,11 @@ pub fn collate_in<S: Space>(s: &S, leaf: u64, n: u64, keep: Keep, lo: &RB<Vec<u8
 /// `slots` (in append order) stably sorted by key: equal keys stay in
 /// append order, which is version order.
 ///
+/// Up to [`FILTER_FROM`] slots (a split of a leaf of 1 or 2 KB) are sorted
+/// in place by a stable sort on the key word, which took about half as long
+/// as the two buffers below (`bench micro --op insert`, the splits of 1M
+/// inserts: 21 ms against 38 ms, BENCHMARKS.md).
+///
 /// A rewrite collates a whole leaf, and an enlarged leaf holds hundreds of
 /// versions of a few keys, so this is the rewrite's main cost. Positions
 /// are sorted as plain integers (key word, then position) and the slots are
@@ -291,23 +306,30 @@ pub fn collate_in<S: Space>(s: &S, leaf: u64, n: u64, keep: Keep, lo: &RB<Vec<u8
 /// [`Slot::key_cmp`], and a stable sort of that run alone (it is in append
 /// order) gives what one stable sort by `key_cmp` gives.
 fn key_order(mut slots: Vec<Slot>) -> Vec<Slot> {
-    let mut order: Vec<u128> = slots
-        .iter()
-        .enumerate()
-        .map(|(p, e)| (e.words[0] as u128) << 64 | p as u128)
-        .collect();
-    order.sort_unstable();
-    let mut sorted: Vec<Slot> = order
-        .iter()
-        .map(|&o| {
-            let hole = Slot {
-                words: [0; 4],
-                long_key: None,
-                settled: false,
-            };
-            std::mem::replace(&mut slots[o as u64 as usize], hole)
-        })
-        .collect();
+    let mut sorted = if slots.len() as u64 <= FILTER_FROM {
+        // A leaf's worth of slots: a stable sort in place (its scratch on
+        // the stack) moves them fewer times than the two buffers below.
+        slots.sort_by_key(|e| e.words[0]);
+        slots
+    } else {
+        let mut order: Vec<u128> = slots
+            .iter()
+            .enumerate()
+            .map(|(p, e)| (e.words[0] as u128) << 64 | p as u128)
+            .collect();
+        order.sort_unstable();
+        order
+            .iter()
+            .map(|&o| {
+                let hole = Slot {
+                    words: [0; 4],
+                    long_key: None,
+                    settled: false,
+                };
+                std::mem::replace(&mut slots[o as u64 as usize], hole)
+            })
+            .collect::<Vec<Slot>>()
+    };
     let mut i = 0;
     while i < sorted.len() {
         let w = sorted[i].words[0];
@@ -453,8 +475,15 @@ pub(crate) mod tests {
     #[test]
     fn collate_keeps_what_each_key_history_says() {
         let s = crate::pmem::sim::SimSpace::new(1 << 20);
-        for seed in 1..40u64 {
-            let (elems, blobs) = history(seed, 200);
+        // Long histories (hundreds of elements: the versions no snapshot
+        // reads are left out before the sort) and short ones (a leaf's
+        // worth, on both sides of `FILTER_FROM`: sorted in place, nothing
+        // left out early).
+        let runs = (1..40u64)
+            .map(|seed| (seed, 200))
+            .chain((1..40u64).map(|seed| (seed, 8 + seed as usize)));
+        for (seed, steps) in runs {
+            let (elems, blobs) = history(seed, steps);
             for (off, k, v) in &blobs {
                 write_blob(&s, *off, k, v);
             }

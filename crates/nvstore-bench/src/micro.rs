@@ -22,6 +22,9 @@
 //! files in `--pool-dir` (default /dev/shm), unlinked as soon as they are
 //! mapped. Engines that serialise on one lock (every baseline) run on one
 //! thread whatever `--threads` says; the result reports the threads used.
+//! Unless `--lazy-pages`, every page of a pool is mapped when it is created
+//! ([`EngineConfig::populate`]) and each measuring thread warms its heap
+//! ([`warm_heap`]), both before the clock.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -117,7 +120,8 @@ pub struct MicroArgs {
     /// first touch costs a page fault and the page's zeroing on tmpfs, an
     /// artefact of emulating NVM in DRAM that a real NVM mapping does not
     /// have, and the engines that allocate the most fresh pages pay it
-    /// most).
+    /// most). Also leaves each measuring thread's heap cold: by default it
+    /// is warmed before the clock ([`warm_heap`]).
     #[arg(long)]
     pub lazy_pages: bool,
     /// Directory of the pool files (tmpfs keeps them in DRAM).
@@ -187,7 +191,8 @@ pub struct CompareArgs {
     /// first touch costs a page fault and the page's zeroing on tmpfs, an
     /// artefact of emulating NVM in DRAM that a real NVM mapping does not
     /// have, and the engines that allocate the most fresh pages pay it
-    /// most).
+    /// most). Also leaves each measuring thread's heap cold: by default it
+    /// is warmed before the clock ([`warm_heap`]).
     #[arg(long)]
     pub lazy_pages: bool,
     /// Directory of the pool files.
@@ -369,6 +374,7 @@ pub fn measure(engine: &dyn BenchIndex, w: &Workload, cfg: &EngineConfig) -> Mic
                     let mut h = new_histogram();
                     let mut out = Vec::with_capacity(scan_len);
                     let mut misses = 0u64;
+                    warm_heap(cfg.warm_heap);
                     let c0 = ThreadCounters::get();
                     barrier.wait();
                     for (j, &k) in part.iter().enumerate() {
@@ -456,6 +462,42 @@ pub fn measure(engine: &dyn BenchIndex, w: &Workload, cfg: &EngineConfig) -> Mic
     }
 }
 
+/// Heap bytes warmed per measuring thread for a run of `keys` keys on
+/// `threads` threads: 128 per key (tree/nv's DRAM index grows by about 40
+/// bytes per key inserted, with its rebuilds' new copies on top), at least
+/// 16 MiB and at most 1 GiB; none with `--lazy-pages`.
+pub fn heap_warm_for(lazy_pages: bool, keys: u64, threads: usize) -> u64 {
+    if lazy_pages {
+        return 0;
+    }
+    (keys.saturating_mul(128) / threads.max(1) as u64).clamp(16 << 20, 1 << 30)
+}
+
+/// Allocates `bytes` of heap in small blocks, writes every page of them,
+/// and frees them again, on the calling thread, so the allocator hands the
+/// memory out again while it is still mapped.
+///
+/// What it takes out of the measured phase: the first touch of heap memory
+/// the process has not used before is a page fault and the zeroing of the
+/// page (with transparent huge pages, of 2 MiB at once). On the VMs these
+/// benchmarks run on that cost about 8 ms per MiB, some fifty times what
+/// zeroing takes on bare metal, and it fell on whichever engine grew its
+/// DRAM state while measured: tree/nv's index rebuilds during 1M inserts
+/// took 16-250 ms from run to run with a cold heap, 13-15 ms with a warm
+/// one (BENCHMARKS.md, "The heap warmed before the clock"). The pool's
+/// pages are mapped before the clock for the same reason
+/// ([`EngineConfig::populate`]).
+pub fn warm_heap(bytes: u64) {
+    /// Block size: the order of the DRAM index's own allocations (leaf
+    /// handles, PLNs), so the allocator's small-object pages are the ones
+    /// warmed.
+    const BLOCK: usize = 256;
+    let blocks: Vec<Box<[u8]>> = (0..bytes as usize / BLOCK)
+        .map(|_| vec![1u8; BLOCK].into_boxed_slice())
+        .collect();
+    std::hint::black_box(&blocks);
+}
+
 /// Builds an engine with `make` and measures workload `w` on it.
 pub fn run_with<F>(make: F, w: &Workload, cfg: &EngineConfig) -> Result<MicroResult>
 where
@@ -501,6 +543,7 @@ pub fn run_micro(args: &MicroArgs) -> Result<Vec<MicroResult>> {
         pool_dir: args.pool_dir.clone(),
         pool_size: pool_size_for(args.keys),
         populate: !args.lazy_pages,
+        warm_heap: heap_warm_for(args.lazy_pages, args.keys, args.threads),
     };
     let w = Workload {
         op: args.op,
@@ -575,6 +618,7 @@ pub fn run_compare(args: &CompareArgs) -> Result<Vec<CompareResult>> {
         pool_dir: args.pool_dir.clone(),
         pool_size: pool_size_for(args.keys),
         populate: !args.lazy_pages,
+        warm_heap: heap_warm_for(args.lazy_pages, args.keys, 1),
     };
     let w = Workload {
         op: args.op,

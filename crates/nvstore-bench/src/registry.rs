@@ -51,6 +51,11 @@ pub struct EngineConfig {
     /// ([`FileOptions::populate`]), so no engine's measured operations pay
     /// the first touch of a page.
     pub populate: bool,
+    /// Bytes of heap each measuring thread allocates, touches and frees
+    /// before the clock ([`crate::micro::warm_heap`]; 0: none), so no
+    /// engine's measured operations pay the first touch of fresh heap
+    /// memory either.
+    pub warm_heap: u64,
 }
 
 impl EngineConfig {
@@ -63,6 +68,7 @@ impl EngineConfig {
             pool_dir: "/dev/shm".into(),
             pool_size: 64 << 20,
             populate: false,
+            warm_heap: 0,
         }
     }
 }

@@ -480,11 +480,11 @@ pub fn heap_warm_for(lazy_pages: bool, keys: u64, threads: usize) -> u64 {
 /// What it takes out of the measured phase: the first touch of heap memory
 /// the process has not used before is a page fault and the zeroing of the
 /// page (with transparent huge pages, of 2 MiB at once). On the VMs these
-/// benchmarks run on that cost about 8 ms per MiB, some fifty times what
-/// zeroing takes on bare metal, and it fell on whichever engine grew its
-/// DRAM state while measured: tree/nv's index rebuilds during 1M inserts
-/// took 16-250 ms from run to run with a cold heap, 13-15 ms with a warm
-/// one (BENCHMARKS.md, "The heap warmed before the clock"). The pool's
+/// benchmarks run on that cost up to about 6 ms per MiB, some fifty times
+/// what zeroing takes on bare metal, and it fell on whichever engine grew
+/// its DRAM state while measured: tree/nv's index rebuilds during 1M
+/// inserts took 16-250 ms from run to run with a cold heap, 13-54 ms with
+/// a warm one (BENCHMARKS.md, "The heap warmed before the clock"). The pool's
 /// pages are mapped before the clock for the same reason
 /// ([`EngineConfig::populate`]).
 pub fn warm_heap(bytes: u64) {

@@ -326,8 +326,7 @@ fn in_flight<T, F: Future<Output = Result<T>>>(
 /// 27 ms in the rest (BENCHMARKS.md). The sync loop reuses one buffer and
 /// needs no warming.
 fn warm_request_buffers(count: usize, value_len: usize) {
-    let bufs: Vec<(Vec<u8>, Vec<u8>)> = (0..count).map(|_| (vec![1u8; KEY_LEN], vec![1u8; value_len])).collect();
-    std::hint::black_box(&bufs);
+    crate::micro::warm_blocks(count, &[KEY_LEN, value_len]);
 }
 
 /// One measured run on a fresh pool; returns operations per second.

@@ -22,9 +22,10 @@
 //! files in `--pool-dir` (default /dev/shm), unlinked as soon as they are
 //! mapped. Engines that serialise on one lock (every baseline) run on one
 //! thread whatever `--threads` says; the result reports the threads used.
-//! Unless `--lazy-pages`, every page of a pool is mapped when it is created
-//! ([`EngineConfig::populate`]) and each measuring thread warms its heap
-//! ([`warm_heap`]), both before the clock.
+//! Unless `--lazy-pages` ([`EngineConfig::populate`]), every page of a pool
+//! is mapped when it is created and each measuring thread warms its heap
+//! ([`warm_heap`], [`heap_warm_for`] of the threads that run), both before
+//! the clock.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -359,6 +360,7 @@ pub fn measure(engine: &dyn BenchIndex, w: &Workload, cfg: &EngineConfig) -> Mic
     let (preload, steps) = plan(w);
     load(engine, w.seed, preload);
     let threads = if engine.concurrent() { w.threads.max(1) } else { 1 };
+    let warm = heap_warm_for(!cfg.populate, w.keys, threads);
     let before = engine.stats();
     let scan_len = w.scan_len;
     let chunk = steps.len().div_ceil(threads).max(1);
@@ -374,7 +376,7 @@ pub fn measure(engine: &dyn BenchIndex, w: &Workload, cfg: &EngineConfig) -> Mic
                     let mut h = new_histogram();
                     let mut out = Vec::with_capacity(scan_len);
                     let mut misses = 0u64;
-                    warm_heap(cfg.warm_heap);
+                    warm_heap(warm);
                     let c0 = ThreadCounters::get();
                     barrier.wait();
                     for (j, &k) in part.iter().enumerate() {
@@ -492,8 +494,15 @@ pub fn warm_heap(bytes: u64) {
     /// handles, PLNs), so the allocator's small-object pages are the ones
     /// warmed.
     const BLOCK: usize = 256;
-    let blocks: Vec<Box<[u8]>> = (0..bytes as usize / BLOCK)
-        .map(|_| vec![1u8; BLOCK].into_boxed_slice())
+    warm_blocks(bytes as usize / BLOCK, &[BLOCK]);
+}
+
+/// Allocates `count` groups of blocks of `sizes` bytes each, writes every
+/// byte, then frees them all: memory the allocator then hands out again
+/// already mapped (see [`warm_heap`]).
+pub fn warm_blocks(count: usize, sizes: &[usize]) {
+    let blocks: Vec<Box<[u8]>> = (0..count)
+        .flat_map(|_| sizes.iter().map(|&n| vec![1u8; n].into_boxed_slice()))
         .collect();
     std::hint::black_box(&blocks);
 }
@@ -543,7 +552,6 @@ pub fn run_micro(args: &MicroArgs) -> Result<Vec<MicroResult>> {
         pool_dir: args.pool_dir.clone(),
         pool_size: pool_size_for(args.keys),
         populate: !args.lazy_pages,
-        warm_heap: heap_warm_for(args.lazy_pages, args.keys, args.threads),
     };
     let w = Workload {
         op: args.op,
@@ -618,7 +626,6 @@ pub fn run_compare(args: &CompareArgs) -> Result<Vec<CompareResult>> {
         pool_dir: args.pool_dir.clone(),
         pool_size: pool_size_for(args.keys),
         populate: !args.lazy_pages,
-        warm_heap: heap_warm_for(args.lazy_pages, args.keys, 1),
     };
     let w = Workload {
         op: args.op,

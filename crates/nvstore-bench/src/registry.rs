@@ -48,14 +48,10 @@ pub struct EngineConfig {
     /// Initial pool size (pools grow on demand).
     pub pool_size: u64,
     /// Map every page of the pool when it is created and when it grows
-    /// ([`FileOptions::populate`]), so no engine's measured operations pay
-    /// the first touch of a page.
+    /// ([`FileOptions::populate`]), and warm each measuring thread's heap
+    /// before the clock ([`crate::micro::warm_heap`]), so no engine's
+    /// measured operations pay the first touch of a page.
     pub populate: bool,
-    /// Bytes of heap each measuring thread allocates, touches and frees
-    /// before the clock ([`crate::micro::warm_heap`]; 0: none), so no
-    /// engine's measured operations pay the first touch of fresh heap
-    /// memory either.
-    pub warm_heap: u64,
 }
 
 impl EngineConfig {
@@ -68,7 +64,6 @@ impl EngineConfig {
             pool_dir: "/dev/shm".into(),
             pool_size: 64 << 20,
             populate: false,
-            warm_heap: 0,
         }
     }
 }

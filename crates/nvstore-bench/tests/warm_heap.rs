@@ -1,5 +1,5 @@
 //! `bench micro` and `bench compare` warm each measuring thread's heap
-//! before the clock (`EngineConfig::warm_heap`, on unless `--lazy-pages`).
+//! before the clock (with `EngineConfig::populate`, on unless `--lazy-pages`).
 //! One test in its own binary: it reads the process's peak resident memory,
 //! which other tests running beside it would move.
 

@@ -147,9 +147,11 @@ pub fn collate<S: Space>(s: &S, leaf: u64, n: u64, keep: Keep) -> Collated {
     collate_in(s, leaf, n, keep, &RB::Unbounded, &RB::Unbounded)
 }
 
-/// Elements of a leaf above which [`collate_in`] leaves out, before its
-/// sort, the versions no snapshot reads (a leaf of 1 KB holds at most 60).
-const FILTER_FROM: u64 = 64;
+/// A leaf's worth of elements (a leaf of 1 KB holds at most 60): up to
+/// this many, [`collate_in`] sorts them all in place ([`key_order`]);
+/// above it, it first leaves out the versions no snapshot reads and sorts
+/// positions instead of slots.
+const SMALL: u64 = 64;
 
 /// [`collate`] restricted to keys in `[lo, hi]`: elements outside are
 /// skipped before they are sorted, mostly on their key word alone (a narrow
@@ -183,7 +185,7 @@ pub fn collate_in<S: Space>(s: &S, leaf: u64, n: u64, keep: Keep, lo: &RB<Vec<u8
     // key: below this many elements the sort below is cheaper than the
     // set, and what is kept does not depend on it (the per-key pass after
     // the sort drops the same elements).
-    let filter = n > FILTER_FROM;
+    let filter = n > SMALL;
     let mut settled: FxHashSet<(u64, u8)> = FxHashSet::default();
     for i in (0..n).rev() {
         if bounded {
@@ -293,7 +295,7 @@ pub fn collate_in<S: Space>(s: &S, leaf: u64, n: u64, keep: Keep, lo: &RB<Vec<u8
 /// `slots` (in append order) stably sorted by key: equal keys stay in
 /// append order, which is version order.
 ///
-/// Up to [`FILTER_FROM`] slots (a split of a leaf of 1 or 2 KB) are sorted
+/// Up to [`SMALL`] slots (a split of a leaf of 1 or 2 KB) are sorted
 /// in place by a stable sort on the key word, which took about half as long
 /// as the two buffers below (`bench micro --op insert`, the splits of 1M
 /// inserts: 21 ms against 38 ms, BENCHMARKS.md).
@@ -306,7 +308,7 @@ pub fn collate_in<S: Space>(s: &S, leaf: u64, n: u64, keep: Keep, lo: &RB<Vec<u8
 /// [`Slot::key_cmp`], and a stable sort of that run alone (it is in append
 /// order) gives what one stable sort by `key_cmp` gives.
 fn key_order(mut slots: Vec<Slot>) -> Vec<Slot> {
-    let mut sorted = if slots.len() as u64 <= FILTER_FROM {
+    let mut sorted = if slots.len() as u64 <= SMALL {
         // A leaf's worth of slots: a stable sort in place (its scratch on
         // the stack) moves them fewer times than the two buffers below.
         slots.sort_by_key(|e| e.words[0]);
@@ -477,7 +479,7 @@ pub(crate) mod tests {
         let s = crate::pmem::sim::SimSpace::new(1 << 20);
         // Long histories (hundreds of elements: the versions no snapshot
         // reads are left out before the sort) and short ones (a leaf's
-        // worth, on both sides of `FILTER_FROM`: sorted in place, nothing
+        // worth, on both sides of `SMALL`: sorted in place, nothing
         // left out early).
         let runs = (1..40u64)
             .map(|seed| (seed, 200))

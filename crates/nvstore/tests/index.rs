@@ -62,7 +62,7 @@ fn guides(db: &Db<SimSpace>) -> Vec<(Handle, u64)> {
     let mut v = Vec::new();
     for p in &idx.plns[..idx.used_plns] {
         let pln = p.load();
-        v.extend(pln.entries.iter().map(|e| e.leaf.clone()).zip(pln.guides()));
+        v.extend(pln.entries().map(|e| e.leaf).zip(pln.guides()));
     }
     v
 }

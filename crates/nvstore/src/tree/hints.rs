@@ -192,6 +192,39 @@ fn zero_bytes(v: u64) -> u64 {
 }
 
 impl Hints {
+    /// Hints of a leaf laid out as `layout` (its `gone` words `gone`) with
+    /// room for `cap` elements, none of them noted yet.
+    pub(super) fn empty(layout: &Layout, gone: [u64; 2], cap: u64) -> Hints {
+        Hints {
+            compact: layout.compact,
+            compact_version: layout.compact_version,
+            gone: gone.map(AtomicU64::new),
+            fp: FpWords::zeroed(cap.div_ceil(8) as usize),
+            table: KeyTable::new(cap),
+        }
+    }
+
+    /// Everything the hints hold, as plain values (tests compare hints
+    /// built two ways).
+    #[cfg(test)]
+    #[allow(clippy::type_complexity)]
+    pub(super) fn snapshot(&self) -> (u64, u64, [u64; 2], Vec<u64>, Option<(Vec<u32>, u64, bool)>) {
+        let load = |w: &AtomicU64| w.load(Ordering::Relaxed);
+        (
+            self.compact,
+            self.compact_version,
+            [load(&self.gone[0]), load(&self.gone[1])],
+            self.fp.iter().map(load).collect(),
+            self.table.as_ref().map(|t| {
+                (
+                    t.slots.iter().map(|x| x.load(Ordering::Relaxed)).collect(),
+                    load(&t.noted),
+                    t.gap.load(Ordering::Relaxed),
+                )
+            }),
+        )
+    }
+
     pub(super) fn layout(&self, leaf: u64) -> Layout {
         Layout {
             leaf,
@@ -339,15 +372,7 @@ pub(super) fn hints<'a, S: Space>(s: &S, leaf: &'a LeafRef<NvState>) -> &'a Hint
             0
         };
         let cap = size_cap.max(leaf.durable.load(Ordering::Relaxed));
-        let h = Hints {
-            compact: layout.compact,
-            compact_version: layout.compact_version,
-            gone: layout
-                .gone_below(leaf.durable.load(Ordering::Relaxed))
-                .map(AtomicU64::new),
-            fp: FpWords::zeroed(cap.div_ceil(8) as usize),
-            table: KeyTable::new(cap),
-        };
+        let h = Hints::empty(&layout, layout.gone_below(leaf.durable.load(Ordering::Relaxed)), cap);
         // Elements published now; any appended later note their own (or,
         // if their writer missed these hints, stay unknown).
         let n = leaf.durable.load(Ordering::Acquire);

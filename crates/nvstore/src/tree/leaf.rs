@@ -166,6 +166,15 @@ pub trait LeafFormat: Send + Sync + 'static {
     /// caller fences once for all new leaves of a split).
     fn build<S: Space>(s: &S, leaf: u64, size: u64, next: u64, elems: &[Slot]);
 
+    /// The DRAM handle of a leaf [`LeafFormat::build`] just wrote at `off`
+    /// with `elems`: its format state may be filled from them.
+    fn handle<S: Space>(_s: &S, off: u64, size: u64, elems: &[Slot]) -> Leaf<Self>
+    where
+        Self: Sized,
+    {
+        Leaf::<Self>::built(off, size, elems.len() as u64)
+    }
+
     /// Whether elements carry versions (snapshots, transactions and write
     /// batches need them).
     const VERSIONED: bool;

@@ -411,6 +411,50 @@ impl LeafFormat for Nv {
         s.flush(leaf, used.max(LINE), points::NV_NEWLEAF_FLUSH);
     }
 
+    /// The new leaf's hints come from the elements in hand, as `build`
+    /// placed them, instead of from the leaf's lines on first use (which
+    /// the build's flush may have evicted): the write that follows a
+    /// split, and every lookup of the new leaf, find them ready.
+    fn handle<S: Space>(s: &S, off: u64, size: u64, elems: &[Slot]) -> Leaf<Self> {
+        let leaf = Leaf::<Nv>::built(off, size, elems.len() as u64);
+        // `build`'s placement, without its index vector: the compact
+        // prefix is the first `keep` elements that fit, the rest follow.
+        let (fits, keep) = prefix_plan(elems);
+        let mut taken = 0;
+        let compact: Vec<bool> = fits
+            .iter()
+            .map(|&f| {
+                let c = f && taken < keep;
+                taken += c as u64;
+                c
+            })
+            .collect();
+        let in_prefix = || elems.iter().zip(&compact).filter(|(_, &c)| c).map(|(e, _)| e);
+        let layout = Layout {
+            leaf: off,
+            compact: keep,
+            compact_version: in_prefix().map(|e| e.version()).max().unwrap_or(0),
+            gone: [0; 2],
+        };
+        let h = Hints::empty(&layout, [0; 2], nv::capacity_at(size, keep).max(elems.len() as u64));
+        for (i, e) in in_prefix().enumerate() {
+            h.note(i as u64, e.words[0]);
+        }
+        let rest = elems.iter().zip(&compact).filter(|(_, &c)| !c);
+        for (i, (e, _)) in (keep..).zip(rest) {
+            let lw = match &e.long_key {
+                Some(k) => Some(lookup_word(k)),
+                None => element_lookup_word(s, &e.words),
+            };
+            match lw {
+                Some(lw) => h.note(i, lw),
+                None => h.note_unknown(i),
+            }
+        }
+        let _ = leaf.state.hints.set(h);
+        leaf
+    }
+
     const VERSIONED: bool = true;
 
     /// A search tests the DRAM fingerprints, one byte per 32-byte element
@@ -891,6 +935,39 @@ mod tests {
             }
         }
         assert!(hit * 2 > all, "{hit} of {all} entries in the guessed span");
+    }
+
+    #[test]
+    fn a_built_leafs_handle_has_the_hints_its_lines_give() {
+        let s = crate::pmem::sim::SimSpace::new(1 << 20);
+        let mut keys = shared_word_keys();
+        keys.extend((0..40).map(|i| format!("k{i:07}").into_bytes()));
+        let mut compacted = 0;
+        for seed in 1..25u64 {
+            let (elems, blobs) = history_of(&keys, seed, 150, 1);
+            for (off, k, v) in &blobs {
+                write_blob(&s, *off, k, v);
+            }
+            // Unsettled slots without their long keys loaded (as recovery
+            // and transactions pass them), then collated ones with them
+            // loaded and the settled ones marked (as a split passes them).
+            let scratch = unsettled(&elems);
+            Nv::build(&s, 4096, 32768, 0, &scratch);
+            let kept = collate(&s, 4096, scratch.len() as u64, Keep::Since(u64::MAX)).valid;
+            for (off, size, elems) in [
+                (40960, 32768, &scratch[..]),
+                (81920, 8192, &kept[..]),
+                (90112, 1024, &kept[..kept.len().min(24)]),
+            ] {
+                Nv::build(&s, off, size, 0, elems);
+                compacted += Layout::read(&s, off).compact;
+                let seeded = Nv::handle(&s, off, size, elems);
+                let read = Leaf::<Nv>::built(off, size, elems.len() as u64);
+                let (got, want) = (hints(&s, &seeded).snapshot(), hints(&s, &read).snapshot());
+                assert_eq!(got, want, "seed {seed}, leaf of {size} bytes");
+            }
+        }
+        assert!(compacted > 0, "some leaves have a compact prefix");
     }
 
     #[test]

@@ -122,6 +122,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
             Rewrite::SplitInPlace { at } => {
                 let right = valid.split_off(at);
                 let size = self.split_in_place(idx, f, &valid, right, old_next)?;
+                guard.flush();
                 if let Some(t) = started {
                     self.adaptive
                         .record_split(leaf.size, &[size], t.elapsed().as_nanos() as f64);
@@ -263,7 +264,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
             .iter()
             .zip(offs.iter().zip(&sizes))
             .map(|((max, _, elems), (&off, &size))| {
-                let l = Leaf::<L>::built(off, size, elems.len() as u64);
+                let l = L::handle(&*self.space, off, size, elems);
                 l.counters.set(profile.share(parts));
                 Entry {
                     max: max.clone(),
@@ -273,9 +274,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
             .collect();
         let pln = idx.plns[f.pln].load();
         let remove = if merged.is_some() { 2 } else { 1 };
-        let mut entries = pln.entries.to_vec();
-        entries.splice(f.pos..f.pos + remove, fresh);
-        self.replace_pln(idx, f.pln, &pln, entries);
+        self.replace_pln(idx, f.pln, &pln, pln.spliced(f.pos, remove, fresh));
         leaf.dead.store(true, Ordering::Release);
         if let Some((r, _)) = &merged {
             r.leaf.dead.store(true, Ordering::Release);
@@ -344,9 +343,7 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
             },
         ];
         let pln = idx.plns[f.pln].load();
-        let mut entries = pln.entries.to_vec();
-        entries.splice(f.pos..f.pos + 1, fresh);
-        self.replace_pln(idx, f.pln, &pln, entries);
+        self.replace_pln(idx, f.pln, &pln, pln.spliced(f.pos, 1, fresh));
         self.stats.splits.fetch_add(1, Ordering::Relaxed);
         Ok(size)
     }
@@ -438,44 +435,30 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
     /// outgrown the index ([`Index::outgrown`]). Every rewrite's leaves
     /// reach the index here, under the structure lock, so the count is
     /// exact.
-    fn replace_pln(&self, idx: &Index<L::State>, p: usize, pln: &Pln<L::State>, entries: Vec<Entry<L::State>>) {
-        let leaves = self.adaptive.leaves.load(Ordering::Relaxed) + entries.len() as u64 - pln.entries.len() as u64;
+    fn replace_pln(&self, idx: &Index<L::State>, p: usize, old: &Pln<L::State>, new: Pln<L::State>) {
+        let leaves = self.adaptive.leaves.load(Ordering::Relaxed) + new.len() as u64 - old.len() as u64;
         self.adaptive.leaves.store(leaves, Ordering::Relaxed);
-        if entries.len() <= pln.limit && !idx.outgrown(leaves) {
-            idx.plns[p].store(Arc::new(pln.successor(entries)));
+        if new.len() <= old.limit && !idx.outgrown(leaves) {
+            idx.plns[p].store(Arc::new(new));
         } else {
-            self.rebuild_from_plns(idx, p, entries, leaves as usize);
+            self.rebuild_from_plns(idx, p, new, leaves as usize);
         }
     }
 
     /// Rebuild-from-PLN (NV-Tree §4.5): a PLN overflowed, or the tree
     /// outgrew the index; lay every entry out in a new index. Searches
-    /// keep using the old one until the swap. `leaves` is how many entries the PLNs hold with `changed_entries`.
-    fn rebuild_from_plns(
-        &self,
-        idx: &Index<L::State>,
-        changed: usize,
-        changed_entries: Vec<Entry<L::State>>,
-        leaves: usize,
-    ) {
+    /// keep using the old one until the swap. `leaves` is how many entries
+    /// the PLNs hold with PLN `changed` replaced by `new`.
+    fn rebuild_from_plns(&self, idx: &Index<L::State>, changed: usize, new: Pln<L::State>, leaves: usize) {
         let t = Instant::now();
         let mut all = Vec::with_capacity(leaves);
         // What the slots learned (`Index::with_leaf_guided`) carries over.
         let mut guides = Vec::with_capacity(leaves);
-        let mut changed_entries = Some(changed_entries);
         for (p, pln) in idx.plns[..idx.used_plns].iter().enumerate() {
             let pln = pln.load();
-            match changed_entries.take_if(|_| p == changed) {
-                Some(moved) => {
-                    let kept = pln.successor(moved);
-                    guides.extend(kept.guides());
-                    all.extend(kept.entries.into_vec());
-                }
-                None => {
-                    guides.extend(pln.guides());
-                    all.extend(pln.entries.iter().cloned());
-                }
-            }
+            let pln = if p == changed { &new } else { &*pln };
+            guides.extend(pln.guides());
+            all.extend(pln.entries());
         }
         let new = Index::build_adaptive(all, idx.generation + 1, self.adaptive.on());
         new.seed_guides(guides.into_iter());

@@ -72,7 +72,12 @@ impl<T> Swap<T> {
     }
 
     /// Replaces the value. Readers that loaded the old one keep it until
-    /// they unpin (or drop their `Arc`).
+    /// they unpin (or drop their `Arc`). The old value waits in this
+    /// thread's epoch bag: a caller that wants it dropped soon flushes the
+    /// bag (`epoch::pin().flush()`) once it has deferred all it had to.
+    /// A split replaces a PLN and defers its old leaves' release, and
+    /// flushed once for both: each flush seals and queues the bag and
+    /// tries a collection.
     #[allow(unsafe_code)]
     pub fn store(&self, value: Arc<T>)
     where
@@ -82,9 +87,7 @@ impl<T> Swap<T> {
         // SAFETY: `old` came from `Arc::into_raw`, and the count this
         // `Swap` owned moves to the `Arc` rebuilt here.
         let old = unsafe { Arc::from_raw(old) };
-        let pin = epoch::pin();
-        pin.defer(move || drop(old));
-        pin.flush();
+        epoch::pin().defer(move || drop(old));
     }
 }
 

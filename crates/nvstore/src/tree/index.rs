@@ -733,6 +733,20 @@ impl<St> Index<St> {
         })
     }
 
+    /// The offset of the leaf before (`pln`, `pos`) in key order: what
+    /// [`Index::predecessor`] gives a caller that needs no more, without
+    /// updating the handle's reference count.
+    pub fn predecessor_off(&self, pln: usize, pos: usize) -> Option<u64> {
+        let pin = epoch::pin();
+        if pos > 0 {
+            return Some(self.plns[pln].get(&pin).leaf(pos - 1).off);
+        }
+        (0..pln).rev().find_map(|q| {
+            let p = self.plns[q].get(&pin);
+            p.len().checked_sub(1).map(|last| p.leaf(last).off)
+        })
+    }
+
     /// The entry after (`pln`, `pos`) in key order.
     pub fn successor(&self, pln: usize, pos: usize) -> Option<(usize, usize, Entry<St>)> {
         let here = self.plns[pln].load();
@@ -872,6 +886,12 @@ mod tests {
         for n in [1, 2, 11, 12, 13, 100, 500, 5000] {
             let idx = Index::build(entries(n), 0);
             assert_eq!(idx.leaf_count(), n);
+            for p in 0..idx.used_plns {
+                for pos in 0..idx.plns[p].load().len() {
+                    let want = idx.predecessor(p, pos).map(|e| e.leaf.off);
+                    assert_eq!(idx.predecessor_off(p, pos), want, "n={n} pln {p} pos {pos}");
+                }
+            }
             for i in 0..n * 10 + 20 {
                 let key = format!("k{i:05}").into_bytes();
                 let f = idx.find(&key);

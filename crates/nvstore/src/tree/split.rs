@@ -67,13 +67,16 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
         // The minimal fill factor is half of this leaf's own capacity
         // (NV-Tree §4.4), whatever size adaptivity gave it.
         let min_fill = L::capacity(leaf.size) / 2;
-        // Right sibling in the same PLN, for a merge.
-        let right = idx.successor(f.pln, f.pos).filter(|(p, _, _)| *p == f.pln);
+        // Right sibling in the same PLN, for a merge: looked up only for a
+        // leaf below its minimal fill (a split of a full leaf does not
+        // touch its sibling's handle).
+        let underfull = (c.valid.len() as u64) < min_fill;
+        let right = underfull
+            .then(|| idx.successor(f.pln, f.pos).filter(|(p, _, _)| *p == f.pln))
+            .flatten();
         let merge_ok = right.as_ref().is_some_and(|(_, _, r)| {
             // A damaged sibling is left alone (and reported when reached).
-            self.sound(&r.leaf).is_ok()
-                && (c.valid.len() as u64) < min_fill
-                && r.leaf.durable.load(Ordering::Acquire) < L::capacity(r.leaf.size) / 2
+            self.sound(&r.leaf).is_ok() && r.leaf.durable.load(Ordering::Acquire) < L::capacity(r.leaf.size) / 2
         });
         let Some(rewrite) = plan(goal, &c.valid, min_fill, merge_ok, L::SPLITS_IN_PLACE) else {
             return Ok(false);
@@ -246,8 +249,8 @@ impl<S: Space, L: LeafFormat> Tree<S, L> {
             }
         }
         // One atomic store swaps them in.
-        let link = match idx.predecessor(f.pln, f.pos) {
-            Some(p) => L::next_word(p.leaf.off),
+        let link = match idx.predecessor_off(f.pln, f.pos) {
+            Some(off) => L::next_word(off),
             None => header::leaf_head_word(),
         };
         let linked = if link == header::leaf_head_word() {

@@ -75,8 +75,8 @@ impl<T> Swap<T> {
     /// they unpin (or drop their `Arc`). The old value waits in this
     /// thread's epoch bag: a caller that wants it dropped soon flushes the
     /// bag (`epoch::pin().flush()`) once it has deferred all it had to.
-    /// A split replaces a PLN and defers its old leaves' release, and
-    /// flushed once for both: each flush seals and queues the bag and
+    /// A split replaces a PLN, defers its old leaves' release, and then
+    /// flushes once for both: each flush seals and queues the bag and
     /// tries a collection.
     #[allow(unsafe_code)]
     pub fn store(&self, value: Arc<T>)

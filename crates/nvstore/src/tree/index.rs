@@ -232,9 +232,7 @@ impl<St> Drop for Pln<St> {
     /// release (a split's old PLN is dropped by the epoch collector, long
     /// after the split read it).
     fn drop(&mut self) {
-        for s in self.leaves.iter() {
-            prefetch_write(Arc::as_ptr(&s.leaf));
-        }
+        self.prefetch_leaves();
     }
 }
 
@@ -259,9 +257,7 @@ impl<St> Pln<St> {
     /// split in place keeps its left part, keeps its guide too).
     pub fn spliced(&self, pos: usize, remove: usize, fresh: Vec<Entry<St>>) -> Self {
         let n = self.len() - remove + fresh.len();
-        for s in self.leaves.iter() {
-            prefetch_write(Arc::as_ptr(&s.leaf));
-        }
+        self.prefetch_leaves();
         let removed = &self.leaves[pos..pos + remove];
         let kept = |r: std::ops::Range<usize>| {
             self.leaves[r]
@@ -325,10 +321,16 @@ impl<St> Pln<St> {
 
     /// Its entries in order, copied.
     pub fn entries(&self) -> impl Iterator<Item = Entry<St>> + '_ {
+        self.prefetch_leaves();
+        (0..self.len()).map(|i| self.entry(i))
+    }
+
+    /// Asks for every leaf handle's first line (its reference count)
+    /// before a copy or drop updates the counts one by one.
+    fn prefetch_leaves(&self) {
         for s in self.leaves.iter() {
             prefetch_write(Arc::as_ptr(&s.leaf));
         }
-        (0..self.len()).map(|i| self.entry(i))
     }
 
     /// The guides of its leaves, in entry order (0 where none is known).
@@ -713,38 +715,34 @@ impl<St> Index<St> {
 
     /// Bound of the last entry before PLN `p` (or -inf).
     fn prev_bound(&self, p: usize) -> Bound {
-        for q in (0..p).rev() {
-            let pln = self.plns[q].load();
-            if let Some(last) = pln.len().checked_sub(1) {
-                return pln.max(last).clone();
-            }
-        }
-        Bound::NegInf
+        self.with_before(p, 0, |pln, i| pln.max(i).clone())
+            .unwrap_or(Bound::NegInf)
     }
 
     /// The entry before (`pln`, `pos`) in key order.
     pub fn predecessor(&self, pln: usize, pos: usize) -> Option<Entry<St>> {
-        if pos > 0 {
-            return Some(self.plns[pln].load().entry(pos - 1));
-        }
-        (0..pln).rev().find_map(|q| {
-            let p = self.plns[q].load();
-            p.len().checked_sub(1).map(|last| p.entry(last))
-        })
+        self.with_before(pln, pos, |p, i| p.entry(i))
     }
 
     /// The offset of the leaf before (`pln`, `pos`) in key order: what
     /// [`Index::predecessor`] gives a caller that needs no more, without
     /// updating the handle's reference count.
     pub fn predecessor_off(&self, pln: usize, pos: usize) -> Option<u64> {
+        self.with_before(pln, pos, |p, i| p.leaf(i).off)
+    }
+
+    /// `f` of the PLN and position of the entry before (`pln`, `pos`) in
+    /// key order, read under a pin (no reference count is touched).
+    fn with_before<R>(&self, pln: usize, pos: usize, f: impl FnOnce(&Pln<St>, usize) -> R) -> Option<R> {
         let pin = epoch::pin();
         if pos > 0 {
-            return Some(self.plns[pln].get(&pin).leaf(pos - 1).off);
+            return Some(f(self.plns[pln].get(&pin), pos - 1));
         }
-        (0..pln).rev().find_map(|q| {
+        let (p, last) = (0..pln).rev().find_map(|q| {
             let p = self.plns[q].get(&pin);
-            p.len().checked_sub(1).map(|last| p.leaf(last).off)
-        })
+            p.len().checked_sub(1).map(|last| (p, last))
+        })?;
+        Some(f(p, last))
     }
 
     /// The entry after (`pln`, `pos`) in key order.

@@ -193,6 +193,18 @@ fn key_bits<S: Space>(s: &S, leaf: &Leaf<Nv>, layout: &Layout, key: &[u8], i: u6
 /// how many: settled elements with 8-byte keys and values, one per key, so
 /// the prefix comes out in strictly increasing key order, each before the
 /// key's full elements (version order kept).
+/// Which of `elems` [`Nv::build`] stores in the compact prefix (the first
+/// `keep` that [`prefix_plan`] says fit), and `keep`.
+fn prefix_members(elems: &[Slot]) -> (Vec<bool>, u64) {
+    let (mut members, keep) = prefix_plan(elems);
+    let mut taken = 0;
+    for m in members.iter_mut() {
+        *m = *m && taken < keep;
+        taken += *m as u64;
+    }
+    (members, keep)
+}
+
 fn prefix_plan(elems: &[Slot]) -> (Vec<bool>, u64) {
     let fits: Vec<bool> = {
         let mut last = None;
@@ -368,12 +380,12 @@ impl LeafFormat for Nv {
     }
 
     fn build<S: Space>(s: &S, leaf: u64, size: u64, next: u64, elems: &[Slot]) {
-        let (fits, keep) = prefix_plan(elems);
+        let (in_prefix, keep) = prefix_members(elems);
         assert!(elems.len() as u64 <= nv::capacity_at(size, keep));
         let mut compact: Vec<&Slot> = Vec::with_capacity(keep as usize);
         let mut full: Vec<&Slot> = Vec::with_capacity(elems.len() - keep as usize);
-        for (e, &fit) in elems.iter().zip(&fits) {
-            if fit && (compact.len() as u64) < keep {
+        for (e, &c) in elems.iter().zip(&in_prefix) {
+            if c {
                 compact.push(e);
             } else {
                 full.push(e);
@@ -417,18 +429,8 @@ impl LeafFormat for Nv {
     /// split, and every lookup of the new leaf, find them ready.
     fn handle<S: Space>(s: &S, off: u64, size: u64, elems: &[Slot]) -> Leaf<Self> {
         let leaf = Leaf::<Nv>::built(off, size, elems.len() as u64);
-        // `build`'s placement, without its index vector: the compact
-        // prefix is the first `keep` elements that fit, the rest follow.
-        let (fits, keep) = prefix_plan(elems);
-        let mut taken = 0;
-        let compact: Vec<bool> = fits
-            .iter()
-            .map(|&f| {
-                let c = f && taken < keep;
-                taken += c as u64;
-                c
-            })
-            .collect();
+        // `build`'s placement: the prefix's members in order, the rest after.
+        let (compact, keep) = prefix_members(elems);
         let in_prefix = || elems.iter().zip(&compact).filter(|(_, &c)| c).map(|(e, _)| e);
         let layout = Layout {
             leaf: off,

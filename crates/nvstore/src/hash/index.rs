@@ -196,9 +196,99 @@ enum Node<V> {
     Leaf(Leaf<V>),
     /// `kids[i]` holds the keys `k` with `keys[i-1] <= k < keys[i]`.
     Inner {
-        keys: Vec<Key>,
+        keys: Seps,
         kids: Vec<Arc<Node<V>>>,
     },
+}
+
+/// An inner node's separator keys, with their heads side by side in a
+/// vector of their own: a descent counts the heads below the key's (31
+/// words, four cache lines, loaded together and compared without a branch
+/// per key) and reads a whole key only where the heads tie. A binary
+/// search over the keys themselves (56 bytes each) read a line per probe,
+/// one after the other, five per node (BENCHMARKS.md, "The hash engine's
+/// delete"). Every change goes through the methods below, which keep the
+/// two in step; [`Index::check`] verifies they are.
+#[derive(Debug, Default)]
+struct Seps {
+    keys: Vec<Key>,
+    heads: Vec<u64>,
+}
+
+impl From<Vec<Key>> for Seps {
+    fn from(keys: Vec<Key>) -> Seps {
+        let heads = keys.iter().map(|k| k.head).collect();
+        Seps { keys, heads }
+    }
+}
+
+impl std::ops::Deref for Seps {
+    type Target = [Key];
+    #[inline]
+    fn deref(&self) -> &[Key] {
+        &self.keys
+    }
+}
+
+impl Seps {
+    /// A copy with room for one more separator (a copy on a writer's path
+    /// is made to take a split's).
+    fn with_spare(&self) -> Seps {
+        Seps {
+            keys: with_spare(&self.keys),
+            heads: with_spare(&self.heads),
+        }
+    }
+
+    fn insert(&mut self, i: usize, k: Key) {
+        self.heads.insert(i, k.head);
+        self.keys.insert(i, k);
+    }
+
+    fn remove(&mut self, i: usize) -> Key {
+        self.heads.remove(i);
+        self.keys.remove(i)
+    }
+
+    fn push(&mut self, k: Key) {
+        self.heads.push(k.head);
+        self.keys.push(k);
+    }
+
+    fn pop(&mut self) -> Option<Key> {
+        self.heads.pop();
+        self.keys.pop()
+    }
+
+    /// Replaces separator `i`, returning the old one.
+    fn set(&mut self, i: usize, k: Key) -> Key {
+        self.heads[i] = k.head;
+        std::mem::replace(&mut self.keys[i], k)
+    }
+
+    fn split_off(&mut self, at: usize) -> Seps {
+        Seps {
+            keys: self.keys.split_off(at),
+            heads: self.heads.split_off(at),
+        }
+    }
+
+    /// Moves every separator of `other` to the end of these.
+    fn append(&mut self, other: &mut Seps) {
+        self.keys.append(&mut other.keys);
+        self.heads.append(&mut other.heads);
+    }
+
+    /// Removes the first `n` separators and returns them.
+    fn take_front(&mut self, n: usize) -> Seps {
+        let rest = self.split_off(n);
+        std::mem::replace(self, rest)
+    }
+
+    /// Whether every head is its key's (for [`Index::check`]).
+    fn in_step(&self) -> bool {
+        self.heads.len() == self.keys.len() && self.keys.iter().zip(&self.heads).all(|(k, &h)| k.head == h)
+    }
 }
 
 /// An append slot of a [`Leaf`]: set once by the index's writer before the
@@ -280,6 +370,10 @@ impl<T> TailSlot<T> {
 struct Leaf<V> {
     /// The sorted entries the leaf was built with (`sorted` of them).
     base: Box<[(Key, V)]>,
+    /// The heads of `base`'s keys, side by side: a lookup searches these
+    /// (eight to a line) and reads whole keys only where heads tie, as
+    /// an inner node's descent does ([`Seps`]).
+    base_heads: Box<[u64]>,
     /// Slot `sorted + j` is `tail[j]`.
     tail: Box<[TailSlot<(Key, V)>]>,
     /// `tail_heads[j]` is the head of `tail[j]`'s key, stored before the
@@ -301,6 +395,7 @@ impl<V: Clone> Leaf<V> {
         );
         let n = entries.len();
         Leaf {
+            base_heads: entries.iter().map(|e| e.0.head).collect(),
             base: entries.into_boxed_slice(),
             tail: (n..cap).map(|_| TailSlot::empty()).collect(),
             tail_heads: (n..cap).map(|_| AtomicU64::new(0)).collect(),
@@ -406,7 +501,16 @@ impl<V: Clone> Leaf<V> {
     /// The slot holding `key`, if published.
     fn find(&self, key: &Probe<'_>) -> Option<usize> {
         let n = self.len();
-        let hit = self.base.binary_search_by(|e| e.0.cmp_probe(key)).ok();
+        let lo = self.base_heads.partition_point(|&h| h < key.head);
+        let ties = self.base_heads[lo..].partition_point(|&h| h == key.head);
+        let hit = match ties {
+            0 => None,
+            1 => self.base[lo].0.is(key).then_some(lo),
+            _ => self.base[lo..lo + ties]
+                .binary_search_by(|e| e.0.cmp_probe(key))
+                .ok()
+                .map(|i| lo + i),
+        };
         hit.filter(|&i| !self.is_dead(i)).or_else(|| {
             (self.sorted..n).find(|&i| self.tail_head(i) == key.head && !self.is_dead(i) && self.entry(i).0.is(key))
         })
@@ -437,6 +541,7 @@ impl<V: Clone> Leaf<V> {
     fn take(&mut self) -> Vec<(Key, V)> {
         let n = std::mem::take(self.len.get_mut());
         let dead: Vec<u64> = self.dead.iter_mut().map(|w| std::mem::take(w.get_mut())).collect();
+        self.base_heads = Box::default();
         let mut e = std::mem::take(&mut self.base).into_vec();
         let tail = std::mem::take(&mut self.tail);
         e.extend(
@@ -464,6 +569,7 @@ impl<V: Clone> Leaf<V> {
         let cap = self.cap();
         assert!(*self.len.get_mut() == 0 && entries.len() <= cap);
         let n = entries.len();
+        self.base_heads = entries.iter().map(|e| e.0.head).collect();
         self.base = entries.into_boxed_slice();
         self.tail = (n..cap).map(|_| TailSlot::empty()).collect();
         self.tail_heads = (n..cap).map(|_| AtomicU64::new(0)).collect();
@@ -481,7 +587,7 @@ impl<V: Clone> Clone for Node<V> {
             // writer's path is made to take a split's (growing a vector
             // of exactly its length reallocated and copied it).
             Node::Inner { keys, kids } => Node::Inner {
-                keys: with_spare(keys),
+                keys: keys.with_spare(),
                 kids: with_spare(kids),
             },
         }
@@ -522,7 +628,7 @@ impl<V: Clone> Node<V> {
             Node::Inner { keys, kids } => {
                 let mid = kids.len() / 2;
                 let (lkids, rkids) = (kids[..mid].to_vec(), kids[mid..].to_vec());
-                let (lkeys, rkeys) = (keys[..mid - 1].to_vec(), keys[mid..].to_vec());
+                let (lkeys, rkeys) = (Seps::from(keys[..mid - 1].to_vec()), Seps::from(keys[mid..].to_vec()));
                 (
                     Node::Inner {
                         keys: lkeys,
@@ -539,10 +645,16 @@ impl<V: Clone> Node<V> {
     }
 }
 
-/// Index of the child of an inner node whose range holds `key`.
+/// Index of the child of an inner node whose range holds `key`: the
+/// number of separators <= key. Those with a lower head are, those with a
+/// higher one are not; where heads tie, the whole keys decide.
 #[inline]
-fn child(keys: &[Key], key: &Probe<'_>) -> usize {
-    keys.partition_point(|s| s.cmp_probe(key).is_le())
+fn child(seps: &Seps, key: &Probe<'_>) -> usize {
+    let mut i = seps.heads.iter().filter(|&&h| h < key.head).count();
+    while i < seps.heads.len() && seps.heads[i] == key.head && seps.keys[i].cmp_probe(key).is_le() {
+        i += 1;
+    }
+    i
 }
 
 /// The index's writer lock, held ([`Index::writer`]), and with it the
@@ -715,7 +827,7 @@ impl<V: Clone + Send + Sync + 'static> Index<V> {
         let mut root = if held.size() >= self.max(held) {
             let (left, sep, right) = held.split();
             Node::Inner {
-                keys: vec![sep],
+                keys: Seps::from(vec![sep]),
                 kids: vec![Arc::new(left), Arc::new(right)],
             }
         } else {
@@ -892,7 +1004,7 @@ impl<V: Clone + Send + Sync + 'static> Index<V> {
     /// Gives child `i` (at the minimum) an entry to spare: borrows one from
     /// a sibling above the minimum, else merges it with a sibling. Returns
     /// the index of the child now holding `i`'s range.
-    fn refill(&self, keys: &mut Vec<Key>, kids: &mut Vec<Arc<Node<V>>>, i: usize) -> usize {
+    fn refill(&self, keys: &mut Seps, kids: &mut Vec<Arc<Node<V>>>, i: usize) -> usize {
         // A borrow evens the two siblings out (half the difference moves),
         // so the next removals from child `i` find it above the minimum
         // and mark in place, instead of borrowing one entry each time.
@@ -906,7 +1018,7 @@ impl<V: Clone + Send + Sync + 'static> Index<V> {
                     let (mut lk, mk) = (left.take(), me.take());
                     let mut moved = lk.split_off(lk.len() - k);
                     moved.extend(mk);
-                    keys[i - 1] = moved[0].0.clone();
+                    keys.set(i - 1, moved[0].0.clone());
                     left.put(lk);
                     me.put(moved);
                 }
@@ -917,7 +1029,7 @@ impl<V: Clone + Send + Sync + 'static> Index<V> {
                     let mut moved_kids = lc.split_off(lc.len() - k);
                     let mut moved_keys = lk.split_off(lk.len() - (k - 1));
                     let up = lk.pop().expect("above minimum");
-                    moved_keys.push(std::mem::replace(&mut keys[i - 1], up));
+                    moved_keys.push(keys.set(i - 1, up));
                     moved_keys.append(mk);
                     moved_kids.append(mc);
                     *mk = moved_keys;
@@ -935,15 +1047,15 @@ impl<V: Clone + Send + Sync + 'static> Index<V> {
                 (Node::Leaf(me), Node::Leaf(right)) => {
                     let (mut mk, mut rk) = (me.take(), right.take());
                     mk.extend(rk.drain(..k));
-                    keys[i] = rk[0].0.clone();
+                    keys.set(i, rk[0].0.clone());
                     me.put(mk);
                     right.put(rk);
                 }
                 (Node::Inner { keys: mk, kids: mc }, Node::Inner { keys: rk, kids: rc }) => {
                     mc.extend(rc.drain(..k));
                     let up = rk[k - 1].clone();
-                    mk.push(std::mem::replace(&mut keys[i], up));
-                    mk.extend(rk.drain(..k - 1));
+                    mk.push(keys.set(i, up));
+                    mk.append(&mut rk.take_front(k - 1));
                     rk.remove(0);
                 }
                 _ => unreachable!("siblings are at the same height"),
@@ -962,9 +1074,9 @@ impl<V: Clone + Send + Sync + 'static> Index<V> {
                 lk.extend(right.take());
                 left.put(lk);
             }
-            (Node::Inner { keys: lk, kids: lc }, Node::Inner { keys: rk, kids: rc }) => {
+            (Node::Inner { keys: lk, kids: lc }, Node::Inner { keys: mut rk, kids: rc }) => {
                 lk.push(sep);
-                lk.extend(rk);
+                lk.append(&mut rk);
                 lc.extend(rc);
             }
             _ => unreachable!("siblings are at the same height"),
@@ -1051,7 +1163,13 @@ impl<V: Clone + Send + Sync + 'static> Index<V> {
                     }
                     kids.push(kid);
                 }
-                up.push((first, Arc::new(Node::Inner { keys: seps, kids })));
+                up.push((
+                    first,
+                    Arc::new(Node::Inner {
+                        keys: Seps::from(seps),
+                        kids,
+                    }),
+                ));
             }
             level = up;
         }
@@ -1095,9 +1213,19 @@ impl<V: Clone + Send + Sync + 'static> Index<V> {
                 if leaf.cap() != self.leaf || leaf.sorted > leaf.len() {
                     return Err(format!("leaf of {} slots at depth {depth}", leaf.cap()));
                 }
+                if leaf.base_heads.len() != leaf.base.len()
+                    || leaf.base.iter().zip(&leaf.base_heads).any(|(e, &h)| e.0.head != h)
+                {
+                    return Err(format!("leaf heads out of step with their keys at depth {depth}"));
+                }
                 leaf.entries().into_iter().map(|(k, _)| k).collect()
             }
-            Node::Inner { keys, .. } => keys.clone(),
+            Node::Inner { keys, .. } => {
+                if !keys.in_step() {
+                    return Err(format!("separator heads out of step with their keys at depth {depth}"));
+                }
+                keys.to_vec()
+            }
         };
         if keys.windows(2).any(|w| w[0] >= w[1]) {
             return Err(format!("unsorted or repeated keys at depth {depth}"));

@@ -47,12 +47,12 @@ fn key_strategy() -> impl Strategy<Value = Vec<u8>> {
     })
 }
 
-#[test]
-fn inline_heads_order_keys_as_their_bytes() {
-    let long = [7u8; INLINE + 3];
-    let keys: [&[u8]; 12] = [
+/// Keys that end inside a head, share a head, or run past what a node
+/// keeps inline (`long` is `INLINE + 3` bytes).
+fn tricky_keys(long: &[u8]) -> [&[u8]; 13] {
+    [
         &long[..INLINE],
-        &long,
+        long,
         b"",
         b"\0",
         b"a",
@@ -62,14 +62,43 @@ fn inline_heads_order_keys_as_their_bytes() {
         b"a\0\0\0\0\0\0\0\x01",
         b"abcdefgh",
         b"abcdefghi",
+        b"abcdefghj",
         b"abcdefgi",
-    ];
-    for a in keys {
-        for b in keys {
+    ]
+}
+
+#[test]
+fn inline_heads_order_keys_as_their_bytes() {
+    let long = [7u8; INLINE + 3];
+    for a in tricky_keys(&long) {
+        for b in tricky_keys(&long) {
             let (ka, kb) = (Key::new(a), Key::new(b));
             assert_eq!(ka.cmp(&kb), a.cmp(b), "{a:?} against {b:?}");
             assert_eq!(ka.cmp_probe(&Probe::new(b)), a.cmp(b), "{a:?} against {b:?}");
             assert_eq!(ka.is(&Probe::new(b)), a == b);
+        }
+    }
+}
+
+#[test]
+fn a_descent_by_heads_picks_the_child_a_search_of_whole_keys_picks() {
+    let long = [7u8; INLINE + 3];
+    let mut keys = tricky_keys(&long).to_vec();
+    keys.sort();
+    let probes: Vec<Vec<u8>> = keys
+        .iter()
+        .flat_map(|k| [k.to_vec(), [*k, &[0][..]].concat(), [*k, &[0xff][..]].concat()])
+        .chain([Vec::new(), vec![0xff; 9]])
+        .collect();
+    // Every run of separators, so the tied heads fall at every position.
+    for lo in 0..keys.len() {
+        for hi in lo..=keys.len() {
+            let seps = Seps::from(keys[lo..hi].iter().map(|k| Key::new(k)).collect::<Vec<_>>());
+            assert!(seps.in_step());
+            for p in &probes {
+                let want = keys[lo..hi].partition_point(|s| *s <= &p[..]);
+                assert_eq!(child(&seps, &Probe::new(p)), want, "{p:?} among {:?}", &keys[lo..hi]);
+            }
         }
     }
 }

@@ -76,8 +76,9 @@ pub const LEAF: usize = 256;
 /// A key as nodes hold it: its first 8 bytes as a number (`head`), then
 /// its bytes, inline up to [`INLINE`] bytes, shared beyond.
 ///
-/// - A descent compares a key with about five keys per node; the heads
-///   decide most comparisons without reading anything outside the node.
+/// - A node also keeps its keys' heads side by side ([`Seps`], a leaf's
+///   `base_heads`): a descent compares the probe's head with those words
+///   and reads a whole key only where the heads tie.
 /// - Copying a node on a writer's path (copy-on-write: a split, a merge)
 ///   copies its keys. An inline key is copied as plain bytes within the
 ///   node; a shared one (`Arc`) by a reference count update, which touches

@@ -210,7 +210,7 @@ enum Node<V> {
 /// one after the other, five per node (BENCHMARKS.md, "The hash engine's
 /// delete"). Every change goes through the methods below, which keep the
 /// two in step; [`Index::check`] verifies they are.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Seps {
     keys: Vec<Key>,
     heads: Vec<u64>,
@@ -288,8 +288,13 @@ impl Seps {
 
     /// Whether every head is its key's (for [`Index::check`]).
     fn in_step(&self) -> bool {
-        self.heads.len() == self.keys.len() && self.keys.iter().zip(&self.heads).all(|(k, &h)| k.head == h)
+        heads_in_step(self.keys.iter(), &self.heads)
     }
+}
+
+/// Whether `heads` are the heads of `keys`, one each, in order.
+fn heads_in_step<'a>(keys: impl ExactSizeIterator<Item = &'a Key>, heads: &[u64]) -> bool {
+    keys.len() == heads.len() && keys.zip(heads).all(|(k, &h)| k.head == h)
 }
 
 /// An append slot of a [`Leaf`]: set once by the index's writer before the
@@ -503,7 +508,9 @@ impl<V: Clone> Leaf<V> {
     fn find(&self, key: &Probe<'_>) -> Option<usize> {
         let n = self.len();
         let lo = self.base_heads.partition_point(|&h| h < key.head);
-        let ties = self.base_heads[lo..].partition_point(|&h| h == key.head);
+        // Counted on from `lo`: a run of tied heads is most often empty
+        // or one word, on the line the search just read.
+        let ties = self.base_heads[lo..].iter().take_while(|&&h| h == key.head).count();
         let hit = match ties {
             0 => None,
             1 => self.base[lo].0.is(key).then_some(lo),
@@ -567,15 +574,8 @@ impl<V: Clone> Leaf<V> {
 
     /// Fills an empty leaf (after [`Leaf::take`]) with `entries`, ascending.
     fn put(&mut self, entries: Vec<(Key, V)>) {
-        let cap = self.cap();
-        assert!(*self.len.get_mut() == 0 && entries.len() <= cap);
-        let n = entries.len();
-        self.base_heads = entries.iter().map(|e| e.0.head).collect();
-        self.base = entries.into_boxed_slice();
-        self.tail = (n..cap).map(|_| TailSlot::empty()).collect();
-        self.tail_heads = (n..cap).map(|_| AtomicU64::new(0)).collect();
-        self.sorted = n;
-        *self.len.get_mut() = n;
+        assert!(*self.len.get_mut() == 0, "a leaf is refilled only once emptied");
+        *self = Leaf::new(self.cap(), entries);
     }
 }
 
@@ -1214,9 +1214,7 @@ impl<V: Clone + Send + Sync + 'static> Index<V> {
                 if leaf.cap() != self.leaf || leaf.sorted > leaf.len() {
                     return Err(format!("leaf of {} slots at depth {depth}", leaf.cap()));
                 }
-                if leaf.base_heads.len() != leaf.base.len()
-                    || leaf.base.iter().zip(&leaf.base_heads).any(|(e, &h)| e.0.head != h)
-                {
+                if !heads_in_step(leaf.base.iter().map(|e| &e.0), &leaf.base_heads) {
                     return Err(format!("leaf heads out of step with their keys at depth {depth}"));
                 }
                 leaf.entries().into_iter().map(|(k, _)| k).collect()

@@ -251,7 +251,8 @@ impl<S: Space> HashEngine<S> {
         if valid.is_empty() {
             return out;
         }
-        let blobs = self.table.write_blobs(&valid);
+        let hashes = super::table::hashes(&valid);
+        let blobs = self.table.write_blobs(&valid, &hashes);
         // Wait for the blobs' write-back here, not under the lock: the
         // group's slot fence orders them (the drain means nothing to the
         // crash model), and finds them done. With two writers, one writes
@@ -261,7 +262,7 @@ impl<S: Space> HashEngine<S> {
         let mut index = self.index_writer();
         let mut done = self
             .table
-            .put_group_blobs(&valid, blobs, |k| insert_new(&mut index, k))
+            .put_group_blobs(&valid, &hashes, blobs, |k| insert_new(&mut index, k))
             .into_iter();
         for r in out.iter_mut().filter(|r| r.is_ok()) {
             *r = done.next().expect("one result per valid pair").map(|_| ());

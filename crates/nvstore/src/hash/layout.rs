@@ -192,7 +192,11 @@ fn inline_word(b: &[u8]) -> u64 {
 }
 
 /// Encodes a slot for `key`/`value`; `blob_off` is 0 when both are inline.
-pub fn encode_slot(key: &[u8], value: &[u8], blob_off: u64, version: u64) -> Slot {
+/// `key_hash` is [`hash`]`(key)`, which every writer has computed to find
+/// the bucket: a slot keeps it for a key out of line, and hashing the key
+/// again here cost a put as much as its first hash (a byte at a time).
+pub fn encode_slot(key: &[u8], value: &[u8], blob_off: u64, version: u64, key_hash: u64) -> Slot {
+    debug_assert_eq!(key_hash, hash(key), "encode_slot is given the key's own hash");
     let inline = |b: &[u8]| (b.len() <= INLINE_MAX).then_some(b.len() as u8);
     let meta = Meta {
         key_inline: inline(key),
@@ -202,7 +206,7 @@ pub fn encode_slot(key: &[u8], value: &[u8], blob_off: u64, version: u64) -> Slo
     let kw = if key.len() <= INLINE_MAX {
         inline_word(key)
     } else {
-        hash(key)
+        key_hash
     };
     let vw = if value.len() <= INLINE_MAX {
         inline_word(value)

@@ -527,7 +527,7 @@ impl<S: Space> HashTable<S> {
                 self.split(st, h)?;
                 continue;
             };
-            let so = self.write_slot(st, b, i, key, value, blob)?;
+            let so = self.write_slot(st, b, i, h, key, value, blob)?;
             self.space.flush(so, l::SLOT_BYTES, p::SLOT_FLUSH);
             if found.is_empty() {
                 on_new(key);
@@ -556,12 +556,15 @@ impl<S: Space> HashTable<S> {
     /// tests' shorthand; the engine takes its writer lock in between).
     #[cfg(test)]
     pub fn put_group(&self, items: &[(&[u8], &[u8])]) -> Vec<Result<bool>> {
-        self.put_group_blobs(items, self.write_blobs(items), |_| {})
+        let hashes = hashes(items);
+        self.put_group_blobs(items, &hashes, self.write_blobs(items, &hashes), |_| {})
     }
 
     /// The blobs of a group's puts ([`HashTable::write_blob`] of each), to
-    /// write before any lock is taken.
-    pub fn write_blobs(&self, items: &[(&[u8], &[u8])]) -> Vec<Result<Blob>> {
+    /// write before any lock is taken; `hashes[i]` is the table hash of
+    /// `items[i]`'s key ([`hashes`]).
+    pub fn write_blobs(&self, items: &[(&[u8], &[u8])], hashes: &[u64]) -> Vec<Result<Blob>> {
+        debug_assert_eq!(items.len(), hashes.len());
         // Every block is allocated, and every key's segment read from the
         // hint, before the first blob is flushed. Both take locks (the
         // allocator's, and the hint's slot, given back when its guard
@@ -569,7 +572,6 @@ impl<S: Space> HashTable<S> {
         // a `clwb` waits for that line's write-back, as a fence would.
         // Done per put, they made each blob of a group wait for the one
         // before it to reach memory.
-        let hashes: Vec<u64> = items.iter().map(|(key, _)| l::hash(key)).collect();
         let segs: Vec<Option<u64>> = hashes.iter().map(|&h| self.hinted_segment(h)).collect();
         let blocks: Vec<Result<Option<u64>>> = items.iter().map(|&(key, value)| self.alloc_blob(key, value)).collect();
         items
@@ -620,13 +622,15 @@ impl<S: Space> HashTable<S> {
     pub fn put_group_blobs(
         &self,
         items: &[(&[u8], &[u8])],
+        hashes: &[u64],
         blobs: Vec<Result<Blob>>,
         mut on_new: impl FnMut(&[u8]),
     ) -> Vec<Result<bool>> {
+        debug_assert_eq!(items.len(), hashes.len());
         let mut out = Vec::with_capacity(items.len());
         let mut st = self.state.write();
         let mut g = Group::default();
-        for (&(key, value), blob) in items.iter().zip(blobs) {
+        for ((&(key, value), &h), blob) in items.iter().zip(hashes).zip(blobs) {
             if g.keys.len() >= GROUP_MAX {
                 self.commit(&mut st, &mut g);
             }
@@ -637,11 +641,11 @@ impl<S: Space> HashTable<S> {
                     continue;
                 }
             };
-            let r = match self.stage(&mut st, &mut g, key, value, blob, &mut on_new) {
+            let r = match self.stage(&mut st, &mut g, h, key, value, blob, &mut on_new) {
                 Ok(Some(new)) => Ok(new),
                 Ok(None) => {
                     self.commit(&mut st, &mut g);
-                    self.put_locked(&mut st, l::hash(key), key, value, blob, false, &mut on_new)
+                    self.put_locked(&mut st, h, key, value, blob, false, &mut on_new)
                 }
                 Err(e) => Err(e),
             };
@@ -657,17 +661,18 @@ impl<S: Space> HashTable<S> {
 
     /// Writes one put of a group into a free slot without publishing it
     /// (see [`HashTable::put_group`]). `None`: it cannot join the group
-    /// (nothing was written).
+    /// (nothing was written). `h` is the key's table hash.
+    #[allow(clippy::too_many_arguments, reason = "one put's parameters, all distinct")]
     fn stage<'k>(
         &self,
         st: &mut State,
         g: &mut Group<'k>,
+        h: u64,
         key: &'k [u8],
         value: &[u8],
         blob: Blob,
         on_new: impl FnOnce(&[u8]),
     ) -> Result<Option<bool>> {
-        let h = l::hash(key);
         if g.keys.iter().any(|&(kh, k)| kh == h && k == key) {
             return Ok(None);
         }
@@ -691,7 +696,7 @@ impl<S: Space> HashTable<S> {
         if found.iter().any(|f| f.bucket != b) {
             return Ok(None);
         }
-        let so = self.write_slot(st, b, i, key, value, blob)?;
+        let so = self.write_slot(st, b, i, h, key, value, blob)?;
         self.space.flush(so, l::SLOT_BYTES, p::GROUP_SLOT_FLUSH);
         if found.is_empty() {
             on_new(key);
@@ -891,13 +896,15 @@ impl<S: Space> HashTable<S> {
     /// Writes `key`'s entry, with the table's next version and its blob
     /// (written by [`HashTable::write_blob`]), into slot `i` of bucket `b`
     /// (not yet published: its header bit is the caller's, as are the
-    /// slot's flush and fence). Returns the slot's offset.
-    fn write_slot(&self, st: &State, b: u64, i: usize, key: &[u8], value: &[u8], blob: Blob) -> Result<u64> {
+    /// slot's flush and fence), `h` being the key's table hash. Returns
+    /// the slot's offset.
+    #[allow(clippy::too_many_arguments, reason = "one slot's parameters, all distinct")]
+    fn write_slot(&self, st: &State, b: u64, i: usize, h: u64, key: &[u8], value: &[u8], blob: Blob) -> Result<u64> {
         let version = st.next_version;
         if version > l::VERSION_MAX {
             return Err(Error::Unsupported("hash table: entry versions exhausted".into()));
         }
-        let words = l::encode_slot(key, value, blob.0, version);
+        let words = l::encode_slot(key, value, blob.0, version, h);
         let so = b + l::slot_rel(i);
         self.space.write(so, &l::slot_to_bytes(&words));
         Ok(so)
@@ -1141,6 +1148,13 @@ struct Group<'k> {
     keys: Vec<(u64, &'k [u8])>,
     /// Puts of new keys.
     new: u64,
+}
+
+/// The table hash ([`l::hash`]) of each pair's key, in order: a group's
+/// puts compute them once, before any lock, and hand them to
+/// [`HashTable::write_blobs`] and [`HashTable::put_group_blobs`].
+pub fn hashes(items: &[(&[u8], &[u8])]) -> Vec<u64> {
+    items.iter().map(|(key, _)| l::hash(key)).collect()
 }
 
 fn check_lens(key: &[u8], value: &[u8]) -> Result<()> {

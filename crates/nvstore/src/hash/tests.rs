@@ -614,9 +614,10 @@ fn new_keys_are_handed_over_between_their_slot_flush_and_its_fence() {
     }
     // A group: three new keys and an update of the first one's.
     let pairs: Vec<(&[u8], &[u8])> = keys.iter().map(|k| (&k[..], &b"w"[..])).collect();
-    let blobs = t.write_blobs(&pairs);
+    let hashes = super::table::hashes(&pairs);
+    let blobs = t.write_blobs(&pairs, &hashes);
     let (flushes, fences) = now();
-    let r = t.put_group_blobs(&pairs, blobs, |key| seen.push((key.to_vec(), now())));
+    let r = t.put_group_blobs(&pairs, &hashes, blobs, |key| seen.push((key.to_vec(), now())));
     assert_eq!(
         r.into_iter().map(Result::unwrap).collect::<Vec<_>>(),
         [false, true, true, true]

@@ -114,7 +114,7 @@ fn create_then_stat_json_has_the_required_fields() {
     let r = nv([OsStr::new("stat"), os(&p), OsStr::new("--json")]).ok();
     assert_eq!(r.out().trim_end().lines().count(), 1, "one JSON object on one line");
     let v = json(&r);
-    assert_eq!(v["format_version"], 5);
+    assert_eq!(v["format_version"], 6);
     assert_eq!(v["size_bytes"], 64 << 20);
     assert!(v["used_bytes"].as_u64().unwrap() > 0);
     assert!(["map_sync", "shared"].contains(&v["mapping"].as_str().unwrap()), "{v}");

@@ -42,6 +42,10 @@ pub struct Stat {
     /// Hash pools: the global depth of the table's directory.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub hash_depth: Option<u32>,
+    /// Hash pools: the hash the table places its keys by, "xxh3" (pools
+    /// created now) or "fnv1a" (pools created before it replaced FNV-1a).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key_hash: Option<&'static str>,
     pub last_recovery: Recovery,
     pub splits: u64,
     pub replaces: u64,
@@ -92,6 +96,7 @@ impl<S: Space> Db<S> {
             keys: self.len(),
             leaves: 0,
             hash_depth: Some(h.table.depth()),
+            key_hash: Some(h.table.key_hash().name()),
             last_recovery: self.recovery,
             // Segment splits of the table since open.
             splits: h.table.splits(),
@@ -140,6 +145,7 @@ impl<S: Space> Db<S> {
             keys: self.len(),
             leaves: sizes.len() as u64,
             hash_depth: None,
+            key_hash: None,
             last_recovery: self.recovery,
             splits: st.splits.load(Relaxed),
             replaces: st.replaces.load(Relaxed),

@@ -51,7 +51,13 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"NVSTPOOL");
 /// pools whose nv leaves may mark compact entries deleted in place (the
 /// leaf's `gone` words, zero before); a version-4 build would ignore them and
 /// bring deleted keys back, so the upgrade raises older pools to 5 first.
-pub const VERSION: u32 = 5;
+/// Version 6 marks pools whose hash table may place its keys by XXH3 (a
+/// new hash pool's table does; its directory's tag says so:
+/// `hash/layout.rs`, `KeyHash`); a version-5 build knows only FNV-1a and
+/// would call such a table corrupt, so it is refused by version instead.
+/// A table keeps the hash it was created with, so an older hash pool
+/// reads unchanged.
+pub const VERSION: u32 = 6;
 /// The oldest format this build opens.
 pub const OLDEST_READABLE: u32 = 1;
 

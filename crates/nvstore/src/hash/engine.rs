@@ -202,7 +202,7 @@ impl<S: Space> HashEngine<S> {
         // concurrent puts copy in parallel (see `HashTable::write_blob`),
         // while the lines the put reads and writes under the lock are
         // fetched (see `HashTable::prefetch_buckets`).
-        let h = super::layout::hash(key);
+        let h = self.table.hash(key);
         self.table.prefetch_buckets(h);
         let blob = self.table.write_blob(key, value, super::points::BLOB_FLUSH)?;
         let _w = self.writer.lock();
@@ -251,7 +251,7 @@ impl<S: Space> HashEngine<S> {
         if valid.is_empty() {
             return out;
         }
-        let hashes = super::table::hashes(&valid);
+        let hashes = self.table.hashes(&valid);
         let blobs = self.table.write_blobs(&valid, &hashes);
         // Wait for the blobs' write-back here, not under the lock: the
         // group's slot fence orders them (the drain means nothing to the
@@ -296,7 +296,7 @@ impl<S: Space> HashEngine<S> {
     pub fn update(&self, key: &[u8], value: &[u8]) -> Result<bool> {
         crate::tree::check_sizes(key, value)?;
         // Fetched while the lock is waited for (see `HashEngine::put`).
-        self.table.prefetch_buckets(super::layout::hash(key));
+        self.table.prefetch_buckets(self.table.hash(key));
         let _w = self.writer.lock();
         if !self.table.contains(key) {
             return Ok(false);

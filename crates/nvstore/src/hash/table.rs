@@ -8,7 +8,7 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 use parking_lot::{Mutex, RwLock};
 
-use super::layout::{self as l, BucketHeader, Meta, Slot};
+use super::layout::{self as l, BucketHeader, KeyHash, Meta, Slot};
 use super::points as p;
 use crate::alloc::Allocator;
 use crate::error::{Error, Result};
@@ -49,6 +49,8 @@ struct State {
 #[derive(Debug)]
 pub struct Scan {
     state: State,
+    /// The hash the table's directory names.
+    key_hash: KeyHash,
     /// The directory, every segment and every blob of a published slot.
     pub reachable: BTreeSet<u64>,
     /// Blobs among them.
@@ -80,6 +82,8 @@ pub struct HashTable<S: Space> {
     space: Arc<S>,
     alloc: Arc<Allocator>,
     root_off: u64,
+    /// The hash the table places its keys by (named in its directory).
+    key_hash: KeyHash,
     state: RwLock<State>,
     /// Segment splits since open (`stat`'s `splits` on a hash pool).
     splits: AtomicU64,
@@ -120,9 +124,16 @@ impl State {
 }
 
 impl<S: Space> HashTable<S> {
-    /// Creates an empty table (one segment, global depth 0) and publishes
-    /// it at `root_off`, which must hold 0.
+    /// Creates an empty table (one segment, global depth 0) that places
+    /// its keys by [`KeyHash::NEW`] and publishes it at `root_off`, which
+    /// must hold 0.
     pub fn create(space: Arc<S>, alloc: Arc<Allocator>, root_off: u64) -> Result<Self> {
+        Self::create_with(space, alloc, root_off, KeyHash::NEW)
+    }
+
+    /// [`HashTable::create`] with the hash `key_hash` (tests make tables
+    /// of the older hash with it, as pools written before it hold).
+    pub fn create_with(space: Arc<S>, alloc: Arc<Allocator>, root_off: u64, key_hash: KeyHash) -> Result<Self> {
         let seg = alloc.alloc(&*space, l::SEGMENT_BYTES)?;
         let dir = match alloc.alloc(&*space, l::dir_bytes(0)) {
             Ok(d) => d,
@@ -134,7 +145,7 @@ impl<S: Space> HashTable<S> {
         space.zero(seg, l::SEGMENT_BYTES);
         space.flush(seg, l::SEGMENT_BYTES, p::SEGMENT_FLUSH);
         let entry = l::dir_entry(seg, 0);
-        space.store(dir, l::dir_word0(0));
+        space.store(dir, l::dir_word0(0, key_hash));
         space.store(dir + 8, entry);
         space.flush(dir, l::dir_bytes(0), p::DIR_FLUSH);
         space.fence(p::SPLIT_FENCE);
@@ -150,6 +161,7 @@ impl<S: Space> HashTable<S> {
             space,
             alloc,
             root_off,
+            key_hash,
             hint: ArcSwap::new(state.entries.clone()),
             state: RwLock::new(state),
             splits: AtomicU64::new(0),
@@ -174,9 +186,10 @@ impl<S: Space> HashTable<S> {
         }
         let w0 = space.load(dir);
         let depth = (w0 & 0xffff_ffff) as u32;
-        if w0 >> 32 != l::DIR_TAG || depth > l::MAX_DEPTH || !in_pool(dir, l::dir_bytes(depth)) {
+        let key_hash = KeyHash::from_word0(w0);
+        let Some(key_hash) = key_hash.filter(|_| depth <= l::MAX_DEPTH && in_pool(dir, l::dir_bytes(depth))) else {
             return Err(corrupt(format!("directory at {dir} has a bad first word {w0:#x}")));
-        }
+        };
         let mut entries: Vec<u64> = (0..1u64 << depth).map(|j| space.load(dir + 8 + 8 * j)).collect();
         if let Some((first, span, e)) = torn_split(&entries, depth) {
             // A split that kept the depth crashed while its entries were
@@ -234,7 +247,7 @@ impl<S: Space> HashTable<S> {
                         blobs += 1;
                     }
                     let key = slot_key(space, &words, meta);
-                    let h = l::hash(&key);
+                    let h = key_hash.of(&key);
                     if meta.key_inline.is_none() && words[0] != 0 && words[0] != h {
                         return Err(corrupt(format!("slot {so} keeps a hash that is not its key's")));
                     }
@@ -251,6 +264,7 @@ impl<S: Space> HashTable<S> {
             len += newest.len() as u64;
         }
         Ok(Scan {
+            key_hash,
             state: State {
                 dir,
                 depth,
@@ -269,6 +283,7 @@ impl<S: Space> HashTable<S> {
             space,
             alloc,
             root_off,
+            key_hash: scan.key_hash,
             hint: ArcSwap::new(scan.state.entries.clone()),
             state: RwLock::new(scan.state),
             splits: AtomicU64::new(0),
@@ -279,6 +294,25 @@ impl<S: Space> HashTable<S> {
     /// Number of distinct keys.
     pub fn len(&self) -> u64 {
         self.state.read().len
+    }
+
+    /// The hash the table places its keys by.
+    pub fn key_hash(&self) -> KeyHash {
+        self.key_hash
+    }
+
+    /// The table hash of `key`: where it lives, its fingerprint, and what
+    /// a slot keeps for a key out of line.
+    #[inline]
+    pub fn hash(&self, key: &[u8]) -> u64 {
+        self.key_hash.of(key)
+    }
+
+    /// The table hash ([`HashTable::hash`]) of each pair's key, in order:
+    /// a group's puts compute them once, before any lock, and hand them to
+    /// [`HashTable::write_blobs`] and [`HashTable::put_group_blobs`].
+    pub fn hashes(&self, items: &[(&[u8], &[u8])]) -> Vec<u64> {
+        items.iter().map(|(key, _)| self.hash(key)).collect()
     }
 
     /// Installs (or removes) the split hook. For crash tests only: a hook
@@ -302,7 +336,7 @@ impl<S: Space> HashTable<S> {
     /// Whether `key` has an entry, without copying its value out.
     pub fn contains(&self, key: &[u8]) -> bool {
         let st = self.state.read();
-        self.find_newest(&st, l::hash(key), key).is_some()
+        self.find_newest(&st, self.hash(key), key).is_some()
     }
 
     pub fn get(&self, key: &[u8]) -> Option<Vec<u8>> {
@@ -316,7 +350,7 @@ impl<S: Space> HashTable<S> {
     /// not call into the table again (the lock is not reentrant).
     pub fn get_with<R>(&self, key: &[u8], f: impl FnOnce(&[u8]) -> R) -> Option<R> {
         let st = self.state.read();
-        let newest = self.find_newest(&st, l::hash(key), key)?;
+        let newest = self.find_newest(&st, self.hash(key), key)?;
         Some(with_slot_value(&*self.space, &newest.words, newest.meta, f))
     }
 
@@ -339,7 +373,7 @@ impl<S: Space> HashTable<S> {
     pub fn get_many_with(&self, keys: &[&[u8]], mut f: impl FnMut(usize, Option<&[u8]>)) {
         let st = self.state.read();
         let size = self.space.size();
-        let hashes: Vec<u64> = keys.iter().map(|k| l::hash(k)).collect();
+        let hashes: Vec<u64> = keys.iter().map(|k| self.hash(k)).collect();
         for &h in &hashes {
             for line in bucket_lines(l::entry_seg(st.entry(h)), h) {
                 self.space.prefetch(line);
@@ -387,7 +421,7 @@ impl<S: Space> HashTable<S> {
     /// is new (it had no entry).
     pub fn put(&self, key: &[u8], value: &[u8]) -> Result<bool> {
         let blob = self.write_blob(key, value, p::BLOB_FLUSH)?;
-        self.put_blob(l::hash(key), key, value, blob, |_| {})
+        self.put_blob(self.hash(key), key, value, blob, |_| {})
     }
 
     /// Starts fetching the lines a put of a key with table hash `h` reads
@@ -477,7 +511,7 @@ impl<S: Space> HashTable<S> {
     }
 
     /// [`HashTable::put`] of a pair whose blob [`HashTable::write_blob`]
-    /// has written, `h` being the key's table hash ([`l::hash`], which the
+    /// has written, `h` being the key's table hash ([`HashTable::hash`], which the
     /// caller has computed for the prefetch). On an error the blob is freed.
     ///
     /// If the key is new, `on_new(key)` runs once its slot is written and
@@ -556,13 +590,13 @@ impl<S: Space> HashTable<S> {
     /// tests' shorthand; the engine takes its writer lock in between).
     #[cfg(test)]
     pub fn put_group(&self, items: &[(&[u8], &[u8])]) -> Vec<Result<bool>> {
-        let hashes = hashes(items);
+        let hashes = self.hashes(items);
         self.put_group_blobs(items, &hashes, self.write_blobs(items, &hashes), |_| {})
     }
 
     /// The blobs of a group's puts ([`HashTable::write_blob`] of each), to
     /// write before any lock is taken; `hashes[i]` is the table hash of
-    /// `items[i]`'s key ([`hashes`]).
+    /// `items[i]`'s key ([`HashTable::hashes`]).
     pub fn write_blobs(&self, items: &[(&[u8], &[u8])], hashes: &[u64]) -> Vec<Result<Blob>> {
         debug_assert_eq!(items.len(), hashes.len());
         // Every block is allocated, and every key's segment read from the
@@ -744,7 +778,7 @@ impl<S: Space> HashTable<S> {
     /// so a crash never brings back an older value.
     pub fn delete(&self, key: &[u8]) -> bool {
         let mut st = self.state.write();
-        let found = self.find_all(&st, l::hash(key), key);
+        let found = self.find_all(&st, self.hash(key), key);
         if found.is_empty() {
             return false;
         }
@@ -904,6 +938,7 @@ impl<S: Space> HashTable<S> {
         if version > l::VERSION_MAX {
             return Err(Error::Unsupported("hash table: entry versions exhausted".into()));
         }
+        debug_assert_eq!(h, self.hash(key), "a slot is written with its key's own hash");
         let words = l::encode_slot(key, value, blob.0, version, h);
         let so = b + l::slot_rel(i);
         self.space.write(so, &l::slot_to_bytes(&words));
@@ -941,7 +976,7 @@ impl<S: Space> HashTable<S> {
         let mut entries: Vec<(u64, Found)> = self
             .segment_slots(seg)
             .into_iter()
-            .map(|f| (slot_hash(&*self.space, &f.words, f.meta), f))
+            .map(|f| (slot_hash(&*self.space, self.key_hash, &f.words, f.meta), f))
             .collect();
         entries.sort_unstable_by_key(|(h, _)| *h);
         let mut newest: Vec<(u64, Found)> = Vec::with_capacity(entries.len());
@@ -1026,7 +1061,7 @@ impl<S: Space> HashTable<S> {
             Some(dir) => {
                 let entries: Vec<u64> = (0..1usize << depth).map(entry).collect();
                 let mut bytes = Vec::with_capacity(l::dir_bytes(depth) as usize);
-                bytes.extend_from_slice(&l::dir_word0(depth).to_le_bytes());
+                bytes.extend_from_slice(&l::dir_word0(depth, self.key_hash).to_le_bytes());
                 for w in &entries {
                     bytes.extend_from_slice(&w.to_le_bytes());
                 }
@@ -1150,13 +1185,6 @@ struct Group<'k> {
     new: u64,
 }
 
-/// The table hash ([`l::hash`]) of each pair's key, in order: a group's
-/// puts compute them once, before any lock, and hand them to
-/// [`HashTable::write_blobs`] and [`HashTable::put_group_blobs`].
-pub fn hashes(items: &[(&[u8], &[u8])]) -> Vec<u64> {
-    items.iter().map(|(key, _)| l::hash(key)).collect()
-}
-
 fn check_lens(key: &[u8], value: &[u8]) -> Result<()> {
     if key.len() > MAX_LEN {
         return Err(Error::KeyTooLarge {
@@ -1200,12 +1228,12 @@ fn slot_key<S: Space>(s: &S, w: &Slot, meta: Meta) -> Vec<u8> {
     }
 }
 
-/// The [`l::hash`] of a slot's key: kept in the slot for a key out of
-/// line (see [`l::Slot`]), else computed.
-fn slot_hash<S: Space>(s: &S, w: &Slot, meta: Meta) -> u64 {
+/// The table hash (`key_hash`) of a slot's key: kept in the slot for a
+/// key out of line (see [`l::Slot`]), else computed.
+fn slot_hash<S: Space>(s: &S, key_hash: KeyHash, w: &Slot, meta: Meta) -> u64 {
     match meta.key_inline {
         None if w[0] != 0 => w[0],
-        _ => l::hash(&slot_key(s, w, meta)),
+        _ => key_hash.of(&slot_key(s, w, meta)),
     }
 }
 

@@ -64,8 +64,21 @@ fn value(rng: &mut StdRng) -> Vec<u8> {
 
 #[test]
 fn matches_a_map_through_splits_and_reopen() {
+    matches_a_map_through_splits_and_reopen_with(l::KeyHash::NEW);
+}
+
+/// A table of the hash that pools created before XXH3 use: it keeps that
+/// hash through splits, directory doublings and a reopen.
+#[test]
+fn a_table_of_the_older_hash_keeps_it() {
+    assert_ne!(l::KeyHash::NEW, l::KeyHash::Fnv1a);
+    matches_a_map_through_splits_and_reopen_with(l::KeyHash::Fnv1a);
+}
+
+fn matches_a_map_through_splits_and_reopen_with(kh: l::KeyHash) {
     let (space, alloc) = pool();
-    let t = HashTable::create(space.clone(), alloc.clone(), ROOT).unwrap();
+    let t = HashTable::create_with(space.clone(), alloc.clone(), ROOT, kh).unwrap();
+    assert_eq!(t.key_hash(), kh);
     let mut model = BTreeMap::new();
     let mut rng = StdRng::seed_from_u64(1);
     for step in 0..3000u32 {
@@ -97,6 +110,8 @@ fn matches_a_map_through_splits_and_reopen() {
     let alloc2 = Arc::new(Allocator::rebuild(&*img, CHUNK, DATA_START, &scan.reachable).unwrap());
     assert_eq!(alloc2.used_bytes(), alloc.used_bytes());
     let t2 = HashTable::open(img.clone(), alloc2.clone(), ROOT, scan);
+    assert_eq!(t2.key_hash(), kh, "the directory names the table's hash");
+    assert_eq!(l::KeyHash::from_word0(img.load(img.load(ROOT))), Some(kh));
     assert_eq!(contents(&t2), model);
     t2.put(b"after", b"reopen").unwrap();
     assert_eq!(t2.get(b"after"), Some(b"reopen".to_vec()));
@@ -225,7 +240,7 @@ fn slots_without_a_kept_hash_still_split_and_a_wrong_one_is_refused() {
     t.put(&key(3), b"v").unwrap();
     let data = space.persisted_image();
     let long = key(3);
-    let want = l::hash(&long).to_le_bytes();
+    let want = t.hash(&long).to_le_bytes();
     let at = data
         .windows(8)
         .position(|w| w == want)
@@ -259,7 +274,7 @@ fn recovery_rejects_a_slot_in_the_wrong_bucket() {
     let (space, alloc) = pool();
     let t = HashTable::create(space.clone(), alloc, ROOT).unwrap();
     t.put(b"key", b"value").unwrap();
-    let h = l::hash(b"key");
+    let h = t.hash(b"key");
     let dir = space.load(ROOT);
     let seg = l::entry_seg(space.load(dir + 8));
     let home = l::bucket_off(seg, l::home_bucket(h));
@@ -379,13 +394,20 @@ struct Campaign {
     violations: Vec<String>,
     drop_hits: u64,
     points_seen: BTreeSet<&'static str>,
+    /// The directory's global depth after the workload.
+    depth: u32,
 }
 
 /// Runs `ops` with capture on, crashing at every fence and operation
 /// boundary; stops at the first violating image when `stop_early`.
 fn campaign(ops: &[Op], seed: u64, drop: Option<&str>, stop_early: bool) -> Campaign {
+    campaign_with(l::KeyHash::NEW, ops, seed, drop, stop_early)
+}
+
+/// [`campaign`] on a table that places its keys by `kh`.
+fn campaign_with(kh: l::KeyHash, ops: &[Op], seed: u64, drop: Option<&str>, stop_early: bool) -> Campaign {
     let (space, alloc) = pool();
-    let t = HashTable::create(space.clone(), alloc.clone(), ROOT).unwrap();
+    let t = HashTable::create_with(space.clone(), alloc.clone(), ROOT, kh).unwrap();
     // Other writers: a put writes its blob before taking the writer lock,
     // so a concurrent writer may take the blocks a split frees the moment
     // they are freed, and write over them before this thread's next
@@ -422,6 +444,7 @@ fn campaign(ops: &[Op], seed: u64, drop: Option<&str>, stop_early: bool) -> Camp
         violations: Vec::new(),
         drop_hits: 0,
         points_seen: BTreeSet::new(),
+        depth: 0,
     };
     for (n, op) in ops.iter().enumerate() {
         let before = model.clone();
@@ -465,6 +488,7 @@ fn campaign(ops: &[Op], seed: u64, drop: Option<&str>, stop_early: bool) -> Camp
     }
     c.drop_hits = space.drop_hits();
     c.points_seen = space.points_seen();
+    c.depth = t.depth();
     c
 }
 
@@ -482,6 +506,21 @@ fn crash_at_every_point_finds_no_violation() {
         assert!(c.points_seen.contains(p.name), "workload never reaches {}", p.name);
     }
     assert!(c.images > 1000, "only {} images", c.images);
+}
+
+/// The crash campaign on a table of the older hash: its directory
+/// doublings keep naming it, and recovery reads every image by it.
+#[test]
+fn a_table_of_the_older_hash_survives_every_crash_point() {
+    let ops = workload(13, 400, 300);
+    let c = campaign_with(l::KeyHash::Fnv1a, &ops, 13, None, false);
+    assert!(
+        c.violations.is_empty(),
+        "{:#?}",
+        &c.violations[..c.violations.len().min(5)]
+    );
+    assert!(c.depth >= 2, "the workload doubles the directory (depth {})", c.depth);
+    assert!(c.images > 500, "only {} images", c.images);
 }
 
 #[test]
@@ -598,7 +637,7 @@ fn new_keys_are_handed_over_between_their_slot_flush_and_its_fence() {
         let k = &keys[0];
         let blob = t.write_blob(k, b"v", points::BLOB_FLUSH).unwrap();
         let (flushes, fences) = now();
-        let r = t.put_blob(l::hash(k), k, b"v", blob, |key| seen.push((key.to_vec(), now())));
+        let r = t.put_blob(t.hash(k), k, b"v", blob, |key| seen.push((key.to_vec(), now())));
         assert_eq!(r.unwrap(), new, "round {round}");
         let handed = std::mem::take(&mut seen);
         if !new {
@@ -614,7 +653,7 @@ fn new_keys_are_handed_over_between_their_slot_flush_and_its_fence() {
     }
     // A group: three new keys and an update of the first one's.
     let pairs: Vec<(&[u8], &[u8])> = keys.iter().map(|k| (&k[..], &b"w"[..])).collect();
-    let hashes = super::table::hashes(&pairs);
+    let hashes = t.hashes(&pairs);
     let blobs = t.write_blobs(&pairs, &hashes);
     let (flushes, fences) = now();
     let r = t.put_group_blobs(&pairs, &hashes, blobs, |key| seen.push((key.to_vec(), now())));
@@ -708,7 +747,7 @@ fn a_group_does_not_reuse_a_slot_it_clears() {
 fn keys_homed_at_zero(n: usize) -> Vec<Vec<u8>> {
     (0u32..)
         .map(|i| format!("h{i}").into_bytes())
-        .filter(|k| l::home_bucket(l::hash(k)) == 0)
+        .filter(|k| l::home_bucket(l::KeyHash::NEW.of(k)) == 0)
         .take(n)
         .collect()
 }

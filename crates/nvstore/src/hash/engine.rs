@@ -295,13 +295,16 @@ impl<S: Space> HashEngine<S> {
     /// Writes only over a key that exists (the ordered index already holds it).
     pub fn update(&self, key: &[u8], value: &[u8]) -> Result<bool> {
         crate::tree::check_sizes(key, value)?;
-        // Fetched while the lock is waited for (see `HashEngine::put`).
-        self.table.prefetch_buckets(self.table.hash(key));
+        // Fetched while the lock is waited for (see `HashEngine::put`);
+        // the key is hashed once for the prefetch, the lookup and the put.
+        let h = self.table.hash(key);
+        self.table.prefetch_buckets(h);
         let _w = self.writer.lock();
-        if !self.table.contains(key) {
+        if !self.table.contains_hashed(h, key) {
             return Ok(false);
         }
-        self.table.put(key, value)?;
+        let blob = self.table.write_blob(key, value, super::points::BLOB_FLUSH)?;
+        self.table.put_blob(h, key, value, blob, |_| {})?;
         Ok(true)
     }
 

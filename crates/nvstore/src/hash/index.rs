@@ -42,6 +42,7 @@
 //!   the stack visits each node once all the same).
 
 use std::cell::UnsafeCell;
+use std::mem::MaybeUninit;
 use std::ops::Bound;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -302,8 +303,13 @@ fn heads_in_step<'a>(keys: impl ExactSizeIterator<Item = &'a Key>, heads: &[u64]
 /// `OnceLock`: the writer lock and the `len` store already order the set
 /// before every read, and `OnceLock::set` spent a locked compare-exchange
 /// and a check of its state line on each append (BENCHMARKS.md, "The
-/// ordered index on a machine with a small L2").
-struct TailSlot<T>(UnsafeCell<Option<T>>);
+/// ordered index on a machine with a small L2"). Uninitialised until set
+/// (`MaybeUninit`): building a leaf writes nothing into its free slots (an
+/// `Option` per slot wrote a tag into each, every line of the slots), and
+/// an append writes its slot without reading it first. Whether a slot is
+/// set is the leaf's to know (below its `len`); [`Leaf`]'s `Drop` drops
+/// the set ones.
+struct TailSlot<T>(UnsafeCell<MaybeUninit<T>>);
 
 // SAFETY: a slot is written only through `TailSlot::set`, whose callers
 // (the single writer, under the writer lock) write it while its position
@@ -315,23 +321,26 @@ struct TailSlot<T>(UnsafeCell<Option<T>>);
 unsafe impl<T: Send + Sync> Sync for TailSlot<T> {}
 
 impl<T> TailSlot<T> {
-    fn empty() -> Self {
-        TailSlot(UnsafeCell::new(None))
+    /// `n` unset slots, allocated but not written.
+    #[allow(unsafe_code)]
+    fn unset(n: usize) -> Box<[TailSlot<T>]> {
+        let slots = Box::<[TailSlot<T>]>::new_uninit_slice(n);
+        // SAFETY: a `TailSlot` is an `UnsafeCell<MaybeUninit<T>>`, for
+        // which uninitialised memory is a valid value.
+        unsafe { slots.assume_init() }
     }
 
     /// Sets the slot.
     ///
     /// # Safety
-    /// Only the index's writer calls this, under the writer lock, on a slot
-    /// at or above its leaf's published `len` (so no reader can read it),
-    /// before raising `len` past it with a release store.
+    /// Only the index's writer calls this, under the writer lock, on an
+    /// unset slot at or above its leaf's published `len` (so no reader can
+    /// read it), before raising `len` past it with a release store.
     #[allow(unsafe_code)]
     unsafe fn set(&self, v: T) {
         // SAFETY: per this function's contract, nobody else accesses the
-        // slot now.
-        let cell = unsafe { &mut *self.0.get() };
-        debug_assert!(cell.is_none(), "an append slot was set twice");
-        *cell = Some(v);
+        // slot now, and it holds no value to drop.
+        unsafe { (*self.0.get()).write(v) };
     }
 
     /// The slot's value.
@@ -340,13 +349,31 @@ impl<T> TailSlot<T> {
     /// The slot is below a `len` of its leaf that the caller loaded with
     /// acquire (so it was set before, and is not written any more).
     #[allow(unsafe_code)]
-    unsafe fn get(&self) -> Option<&T> {
-        // SAFETY: per this function's contract, the slot is only read now.
-        unsafe { (*self.0.get()).as_ref() }
+    unsafe fn get(&self) -> &T {
+        // SAFETY: per this function's contract, the slot is set and only
+        // read now.
+        unsafe { (*self.0.get()).assume_init_ref() }
     }
 
-    fn into_inner(self) -> Option<T> {
-        self.0.into_inner()
+    /// Moves the value out; the slot counts as unset from then on.
+    ///
+    /// # Safety
+    /// The slot is set, and the caller owns its leaf (`&mut`) and makes
+    /// the leaf treat the slot as unset (it is not read or dropped again).
+    #[allow(unsafe_code)]
+    unsafe fn take(&mut self) -> T {
+        // SAFETY: per this function's contract.
+        unsafe { self.0.get_mut().assume_init_read() }
+    }
+
+    /// Drops the value.
+    ///
+    /// # Safety
+    /// As [`TailSlot::take`].
+    #[allow(unsafe_code)]
+    unsafe fn drop_value(&mut self) {
+        // SAFETY: per this function's contract.
+        unsafe { self.0.get_mut().assume_init_drop() }
     }
 }
 
@@ -403,7 +430,7 @@ impl<V: Clone> Leaf<V> {
         Leaf {
             base_heads: entries.iter().map(|e| e.0.head).collect(),
             base: entries.into_boxed_slice(),
-            tail: (n..cap).map(|_| TailSlot::empty()).collect(),
+            tail: TailSlot::unset(cap - n),
             tail_heads: (n..cap).map(|_| AtomicU64::new(0)).collect(),
             sorted: n,
             cap,
@@ -465,9 +492,7 @@ impl<V: Clone> Leaf<V> {
             // and the writer sets a slot before its release store of a
             // `len` past it; a published slot is never written again.
             #[allow(unsafe_code)]
-            Some(j) => {
-                unsafe { self.tail[j].get() }.expect("a slot is set before the leaf's length is published past it")
-            }
+            Some(j) => unsafe { self.tail[j].get() },
         }
     }
 
@@ -478,29 +503,37 @@ impl<V: Clone> Leaf<V> {
     fn order(&self) -> Vec<usize> {
         // `len` first: the dead bits of what it publishes are then visible.
         let n = self.len();
-        let live = |i: &usize| !self.is_dead(*i);
-        if self.sorted == n && self.removed() == 0 {
+        // Most leaves have no dead slot: then no slot's bit is looked up.
+        let none_dead = self.removed() == 0;
+        let live = |i: &usize| none_dead || !self.is_dead(*i);
+        if self.sorted == n && none_dead {
             return (0..n).collect();
         }
         let key = |i: usize| &self.entry(i).0;
-        let mut tail: Vec<(u64, usize)> = (self.sorted..n).filter(live).map(|i| (self.tail_head(i), i)).collect();
-        // By head alone (a sort of plain numbers), then each run of equal
-        // heads (keys that share their first 8 bytes) by key.
-        tail.sort_unstable_by_key(|&(h, _)| h);
-        for run in tail.chunk_by_mut(|a, b| a.0 == b.0).filter(|r| r.len() > 1) {
-            run.sort_unstable_by(|a, b| key(a.1).cmp(key(b.1)));
+        // Each appended slot as one number, its head above its slot: a
+        // sort of plain numbers orders them by head (the slot only breaks
+        // ties), then each run of equal heads (keys that share their first
+        // 8 bytes) is sorted by key.
+        let mut tail: Vec<u128> = (self.sorted..n)
+            .filter(live)
+            .map(|i| (self.tail_head(i) as u128) << 64 | i as u128)
+            .collect();
+        tail.sort_unstable();
+        let (th, ts) = (|t: u128| (t >> 64) as u64, |t: u128| t as u64 as usize);
+        for run in tail.chunk_by_mut(|&a, &b| th(a) == th(b)).filter(|r| r.len() > 1) {
+            run.sort_unstable_by(|&a, &b| key(ts(a)).cmp(key(ts(b))));
         }
         let mut out = Vec::with_capacity(n);
         let mut t = tail.iter().peekable();
         for i in (0..self.sorted).filter(live) {
-            let k = &self.base[i].0;
+            let h = self.base_heads[i];
             // Keys are distinct: an appended one goes first iff it is less.
-            while let Some(&(_, j)) = t.next_if(|&&(h, j)| h < k.head || (h == k.head && key(j) < k)) {
-                out.push(j);
+            while let Some(&j) = t.next_if(|&&x| th(x) < h || (th(x) == h && key(ts(x)) < &self.base[i].0)) {
+                out.push(ts(j));
             }
             out.push(i);
         }
-        out.extend(t.map(|&(_, j)| j));
+        out.extend(t.map(|&x| ts(x)));
         out
     }
 
@@ -551,13 +584,12 @@ impl<V: Clone> Leaf<V> {
         let dead: Vec<u64> = self.dead.iter_mut().map(|w| std::mem::take(w.get_mut())).collect();
         self.base_heads = Box::default();
         let mut e = std::mem::take(&mut self.base).into_vec();
-        let tail = std::mem::take(&mut self.tail);
-        e.extend(
-            tail.into_vec()
-                .into_iter()
-                .take(n - self.sorted)
-                .map_while(TailSlot::into_inner),
-        );
+        let mut tail = std::mem::take(&mut self.tail);
+        // SAFETY: the slots below `n` are set. `len` is 0 now and the
+        // slots are out of the leaf, so none is read or dropped again (a
+        // `TailSlot` drops nothing of its own).
+        #[allow(unsafe_code)]
+        e.extend(tail[..n - self.sorted].iter_mut().map(|t| unsafe { t.take() }));
         if dead.iter().any(|&w| w != 0) {
             let mut i = 0;
             e.retain(|_| {
@@ -576,6 +608,22 @@ impl<V: Clone> Leaf<V> {
     fn put(&mut self, entries: Vec<(Key, V)>) {
         assert!(*self.len.get_mut() == 0, "a leaf is refilled only once emptied");
         *self = Leaf::new(self.cap(), entries);
+    }
+}
+
+impl<V> Drop for Leaf<V> {
+    /// Drops the set append slots (those below `len`); the others hold
+    /// nothing.
+    fn drop(&mut self) {
+        let set = self.len.get_mut().saturating_sub(self.sorted);
+        for t in &mut self.tail[..set] {
+            // SAFETY: slots below `len` are set, and the leaf is going
+            // away: nothing reads them after this.
+            #[allow(unsafe_code)]
+            unsafe {
+                t.drop_value()
+            };
+        }
     }
 }
 

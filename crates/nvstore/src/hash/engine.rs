@@ -9,7 +9,9 @@
 //!   serialise their own writers already; the mutex only makes the pair of
 //!   updates one step). A new key goes into the index while its table
 //!   slot's flush is written back, before the table publishes it
-//!   ([`HashEngine::index_writer`]).
+//!   ([`HashEngine::index_writer`]); a group of puts inserts its new keys
+//!   after it lets go of the mutex, holding the index's own writer lock
+//!   taken under it ([`HashEngine::put_group`]).
 //! - A range walks one snapshot of the index and reads each key's value
 //!   from the table; a key deleted meanwhile is skipped, so a range sees
 //!   every key that was present throughout it and none that never was.
@@ -225,7 +227,9 @@ impl<S: Space> HashEngine<S> {
     /// (BENCHMARKS.md, "The index insert inside the slot's flush").
     ///
     /// - Index changes come in the order of the table changes they follow:
-    ///   both locks are held across both.
+    ///   a write takes the index's lock under the engine's, and holds it
+    ///   until its index change is done (a group lets go of the engine's
+    ///   lock first, see [`HashEngine::put_group`]).
     /// - A range can meet the key in the index before the table publishes
     ///   it. It then finds no value and skips the key, as it skips a key
     ///   deleted meanwhile. A put never fails once its slot is written, so
@@ -258,12 +262,23 @@ impl<S: Space> HashEngine<S> {
         // crash model), and finds them done. With two writers, one writes
         // its blobs back while the other holds the lock.
         self.space.drain();
-        let _w = self.group_writer();
+        let w = self.group_writer();
+        let mut fresh: Vec<&[u8]> = Vec::with_capacity(valid.len());
+        let done = self.table.put_group_blobs(&valid, &hashes, blobs, |k| fresh.push(k));
+        // The group's new keys go into the index once the engine's writer
+        // lock is let go, so that the next group's table work runs beside
+        // these inserts instead of after them (a group has one fence for
+        // all its slots, so there is no flush to hide them in, as a single
+        // put does). The index's writer lock is taken before the engine's
+        // is let go: every later write that changes the index takes it
+        // after this, so index changes keep the order of the table changes
+        // they follow (see `HashEngine::index_writer`).
         let mut index = self.index_writer();
-        let mut done = self
-            .table
-            .put_group_blobs(&valid, &hashes, blobs, |k| insert_new(&mut index, k))
-            .into_iter();
+        drop(w);
+        for k in fresh {
+            insert_new(&mut index, k);
+        }
+        let mut done = done.into_iter();
         for r in out.iter_mut().filter(|r| r.is_ok()) {
             *r = done.next().expect("one result per valid pair").map(|_| ());
         }

@@ -541,15 +541,15 @@ impl<S: Space> HashTable<S> {
     /// end for the crash simulator when `boundary` (a put inside a group
     /// leaves that to the group).
     #[allow(clippy::too_many_arguments, reason = "one put's parameters, all distinct")]
-    fn put_locked(
+    fn put_locked<'k>(
         &self,
         st: &mut State,
         h: u64,
-        key: &[u8],
+        key: &'k [u8],
         value: &[u8],
         blob: Blob,
         boundary: bool,
-        mut on_new: impl FnMut(&[u8]),
+        mut on_new: impl FnMut(&'k [u8]),
     ) -> Result<bool> {
         loop {
             let found = self.find_all(st, h, key);
@@ -656,12 +656,12 @@ impl<S: Space> HashTable<S> {
     /// written and flushed, before the fence that orders the flush; a put
     /// it ran for does not fail. The crash simulator sees one operation boundary, after
     /// the whole group.
-    pub fn put_group_blobs(
+    pub fn put_group_blobs<'k>(
         &self,
-        items: &[(&[u8], &[u8])],
+        items: &[(&'k [u8], &[u8])],
         hashes: &[u64],
         blobs: Vec<Result<Blob>>,
-        mut on_new: impl FnMut(&[u8]),
+        mut on_new: impl FnMut(&'k [u8]),
     ) -> Vec<Result<bool>> {
         debug_assert_eq!(items.len(), hashes.len());
         let mut out = Vec::with_capacity(items.len());
@@ -708,7 +708,7 @@ impl<S: Space> HashTable<S> {
         key: &'k [u8],
         value: &[u8],
         blob: Blob,
-        on_new: impl FnOnce(&[u8]),
+        on_new: impl FnOnce(&'k [u8]),
     ) -> Result<Option<bool>> {
         if g.keys.iter().any(|&(kh, k)| kh == h && k == key) {
             return Ok(None);
